@@ -1,0 +1,80 @@
+# slm_bench: `make run` and `make test` are all a fresh machine needs (Python >= 3.11, no GPU).
+# Both bootstrap .venv on first use; later calls skip setup while settings.ini, setup.py and the
+# kernelspec are unchanged (the stamp file's name is their hash).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.PHONY: help setup js-assets run test check-sync nbdev-test pytest lab bench export report clean-runs
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU build of torch (on disk on these machines); a GPU node sets TORCH_SPEC to its CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PROFILE ?= tiny
+RUN ?= runs/$(PROFILE)
+HTML_MANAGER ?= @jupyter-widgets/html-manager@1.0.15
+REQUIREJS ?= requirejs@2.3.8
+JS_DIR := $(VENV)/share/slm-bench/js
+SETUP_HASH := $(shell cat settings.ini setup.py kernels/slm-bench/kernel.json | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.setup-$(SETUP_HASH)
+# pip must never stop to ask; nothing here downloads models or datasets.
+export PIP_NO_INPUT := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+help:
+	@echo "make run      run the whole pipeline on the embedded tiny world (CPU) and print the report path"
+	@echo "make test     notebook/library sync check, nbdev_test, then pytest"
+	@echo "make lab      JupyterLab with the slm-bench kernel"
+	@echo "make bench    benchmarks (slm-bench bench)"
+	@echo "make export   nbdev_export + nbdev_clean (after editing notebooks)"
+	@echo "make report RUN=runs/tiny   re-render a run's HTML report"
+
+setup: $(STAMP)
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "slm_bench needs Python >= 3.11: run make PYTHON=python3.11 ...")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@rm -f $(VENV)/.setup-*
+	@echo "setting up $(VENV) (first run only; later runs skip this)"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/jupyter kernelspec install kernels/slm-bench --sys-prefix --replace >/dev/null
+	@$(MAKE) --no-print-directory js-assets
+	@touch $@
+
+# Offline widget rendering for HTML reports: require.js and html-manager's dist files, from the npm registry.
+js-assets:
+	@if [ -f $(JS_DIR)/require.js ] && [ -f $(JS_DIR)/html-manager/embed-amd.js ]; then exit 0; fi; \
+	if ! command -v npm >/dev/null; then echo "npm not found: reports will show static figures instead of widget snapshots"; exit 0; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	(cd $$tmp && npm pack --silent $(HTML_MANAGER) $(REQUIREJS) >/dev/null) || { echo "npm pack failed: reports will show static figures only"; exit 0; }; \
+	mkdir -p $$tmp/hm $$tmp/rq $(JS_DIR)/html-manager; \
+	tar xzf $$tmp/jupyter-widgets-html-manager-*.tgz -C $$tmp/hm && tar xzf $$tmp/requirejs-*.tgz -C $$tmp/rq && \
+	cp -r $$tmp/hm/package/dist/. $(JS_DIR)/html-manager/ && cp $$tmp/rq/package/require.js $(JS_DIR)/require.js && \
+	echo "widget assets installed in $(JS_DIR)"
+
+run: $(STAMP)
+	$(BIN)/slm-bench run --profile $(PROFILE)
+
+test: $(STAMP)
+	$(BIN)/python tests/nbdev_sync.py
+	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(pipeline|[_.].*)$$'
+	$(BIN)/python -m pytest tests
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"
+	$(BIN)/jupyter lab --notebook-dir=.
+
+bench: $(STAMP)
+	$(BIN)/slm-bench bench
+
+export: $(STAMP)
+	$(BIN)/nbdev_export
+	$(BIN)/nbdev_clean
+
+report: $(STAMP)
+	$(BIN)/slm-bench report $(RUN)
+
+clean-runs:
+	rm -rf runs reports/*/

@@ -1,0 +1,199 @@
+"""The runner end to end: real stage notebooks executed by papermill under the real `slm-bench` kernel."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import PIPELINES, SLM_BENCH
+
+BASIC = PIPELINES / "basic"
+FAILING = PIPELINES / "failing"
+
+
+def read(path: Path):
+    return json.loads(path.read_text())
+
+
+def test_environment_stage_through_the_real_kernel(cli, tmp_path):
+    run_dir, reports = tmp_path / "run", tmp_path / "reports"
+    # MPLBACKEND in the caller's environment must not make figures vanish (STACK.md trap): the runner strips it.
+    result = cli("run", "--profile", "smoke", "--run-dir", run_dir, "--report-dir", reports, env={"MPLBACKEND": "agg"})
+    assert result.returncode == 0, result
+    assert "[1/1] environment  running" in result.stdout and "[1/1] environment  ok" in result.stdout
+    assert f"report: {reports / 'run' / 'index.html'}" in result.stdout
+
+    stage = run_dir / "environment"
+    manifest = read(stage / "manifest.json")
+    assert manifest["status"] == "ok" and manifest["profile"] == "smoke"
+    assert manifest["parameters"]["sizes"] == [64, 128] and manifest["parameters"]["repeats"] == 3
+    assert set(manifest["outputs"]) >= {"environment.json", "matmul.json", "matmul.png", "metrics.json"}
+    assert manifest["versions"]["python"] and manifest["versions"]["torch"]
+
+    matmul = read(stage / "matmul.json")
+    assert [r["n"] for r in matmul] == [64, 128]
+    for r in matmul:  # GFLOP/s is 2n^3 over the median of the recorded repeats
+        times = sorted(r["seconds"])
+        assert len(times) == 3 and r["median_s"] == times[1]
+        assert r["gflops"] == pytest.approx(2 * r["n"] ** 3 / times[1] / 1e9)
+    metrics = read(stage / "metrics.json")
+    assert metrics["peak_gflops"] == pytest.approx(max(r["gflops"] for r in matmul), rel=1e-3)
+    assert metrics["device"] == "cpu" and metrics["dtype"] == "float32"
+
+    env = read(stage / "environment.json")
+    assert env["versions"]["torch"] == manifest["versions"]["torch"] and env["cpu"]["logical_cores"] >= 1
+
+    executed = nbformat.read(stage / "notebook.ipynb", as_version=4)
+    assert executed.metadata.kernelspec.name == "slm-bench"
+    assert executed.metadata.papermill["parameters"]["run_dir"] == str(run_dir)
+    images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert images, "the matmul figure must be inline in the executed notebook"
+
+    summary = read(run_dir / "summary.json")
+    assert summary["status"] == "ok" and summary["stages"][0]["action"] == "ran"
+    assert summary["stages"][0]["metrics"]["peak_gflops"] == metrics["peak_gflops"]
+    assert (reports / "run" / "environment.html").is_file()
+
+
+def test_cache_force_and_invalidation(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    base = ("run", "--pipeline", BASIC, "--run-dir", run_dir, "--no-report")
+
+    first = cli(*base)
+    assert first.returncode == 0, first
+    assert "source  ok" in first.stdout and "double  ok" in first.stdout
+    assert read(run_dir / "double" / "doubled.json") == [0, 2, 4]
+    manifests = {s: (run_dir / s / "manifest.json").read_bytes() for s in ("source", "double")}
+
+    again = cli(*base)
+    assert again.returncode == 0, again
+    assert "source  cached" in again.stdout and "double  cached" in again.stdout
+    assert {s: (run_dir / s / "manifest.json").read_bytes() for s in manifests} == manifests
+    assert [s["action"] for s in read(run_dir / "summary.json")["stages"]] == ["cached", "cached"]
+
+    downstream = cli(*base, "--set", "double.factor=3")  # only the stage whose parameter changed reruns
+    assert "source  cached" in downstream.stdout and "double  ok" in downstream.stdout, downstream
+    assert read(run_dir / "double" / "doubled.json") == [0, 3, 6]
+    assert (run_dir / "source" / "manifest.json").read_bytes() == manifests["source"]
+
+    upstream = cli(*base, "--set", "double.factor=3", "--set", "source.n=4")  # new input fingerprint reruns downstream
+    assert "source  ok" in upstream.stdout and "double  ok" in upstream.stdout, upstream
+    assert read(run_dir / "double" / "doubled.json") == [0, 3, 6, 9]
+
+    forced = cli(*base, "--set", "double.factor=3", "--set", "source.n=4", "--stages", "double", "--force")
+    assert forced.returncode == 0, forced
+    assert "[1/1] double  ok" in forced.stdout and "source" not in forced.stdout.split("\n", 1)[1]
+    summary = read(run_dir / "summary.json")
+    assert {s["name"]: s["action"] for s in summary["stages"]} == {"source": "not selected", "double": "ran"}
+
+
+def _wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as dead
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["kill", "interrupt"])
+def test_resume_after_killed_or_interrupted_run(cli, tmp_path, how):
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    gate.write_text("hold")
+    args = [str(SLM_BENCH), "run", "--pipeline", str(BASIC), "--run-dir", str(run_dir), "--no-report", "--set", f"double.gate={gate}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: (run_dir / "double" / "started.txt").exists(), what="stage double to start")
+        kernel_pid = int((run_dir / "double" / "kernel.pid").read_text())
+        if how == "kill":
+            os.killpg(proc.pid, signal.SIGKILL)  # the runner dies without any chance to clean up
+            proc.wait(timeout=30)
+        else:
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130 and "rerun the same command to resume" in err, err
+            assert read(run_dir / "summary.json")["status"] == "interrupted"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _wait_for(lambda: not _pid_alive(kernel_pid), timeout=30, what="the orphaned kernel to exit")
+
+    # half-written: files exist, but without a manifest the stage is not finished
+    assert (run_dir / "double" / "started.txt").exists() and not (run_dir / "double" / "manifest.json").exists()
+    assert read(run_dir / "source" / "manifest.json")["status"] == "ok"
+
+    gate.unlink()
+    resumed = cli("run", "--pipeline", BASIC, "--run-dir", run_dir, "--no-report", "--set", f"double.gate={gate}")
+    assert resumed.returncode == 0, resumed
+    assert "source  cached" in resumed.stdout and "double  ok" in resumed.stdout
+    metrics = read(run_dir / "double" / "metrics.json")
+    assert metrics["resumed"] is True and metrics["attempt"] == 2 and metrics["saw_earlier_attempt"] is True
+    assert read(run_dir / "double" / "manifest.json")["status"] == "ok"
+    assert not (run_dir / "double" / ".attempt.json").exists()
+
+    forced = cli("run", "--pipeline", BASIC, "--run-dir", run_dir, "--no-report", "--set", f"double.gate={gate}", "--force")
+    assert read(run_dir / "double" / "metrics.json")["saw_earlier_attempt"] is False, forced  # --force starts clean
+
+
+@pytest.mark.parametrize(
+    "mode, extra, kind, detail",
+    [
+        ("raise", [], "cell error", "ValueError: planted failure"),
+        ("sleep", ["--cell-timeout", "3"], "timeout", "CellTimeoutError: a cell ran longer than --cell-timeout 3 s"),
+        ("die", [], "dead kernel", "DeadKernelError: the kernel died"),
+        ("no_output", [], "runner error", "did not write its declared outputs: never.txt"),
+    ],
+)
+def test_failing_stage_exit_1_and_message(cli, tmp_path, mode, extra, kind, detail):
+    run_dir, reports = tmp_path / "run", tmp_path / "reports"
+    result = cli("run", "--pipeline", FAILING, "--run-dir", run_dir, "--report-dir", reports, "--set", f"boom.mode={mode}", *extra)
+    assert result.returncode == 1, result
+    notebook = FAILING / "02_boom.ipynb"
+    expected_cell = "" if mode == "no_output" else " in cell 5 of"
+    assert f"stage 'boom' failed ({kind}){expected_cell}" in result.stderr, result
+    assert detail in result.stderr
+    if mode != "no_output":
+        assert f"cell 5 of {notebook}" in result.stderr and "cell starts: def planted_failure(mode):" in result.stderr
+    executed = run_dir / "boom" / "notebook.ipynb"
+    assert f"executed notebook: {executed}" in result.stderr and executed.is_file()
+    assert f"report page: {reports / 'run' / 'boom.html'}" in result.stderr and (reports / "run" / "boom.html").is_file()
+
+    manifest = read(run_dir / "boom" / "manifest.json")
+    assert manifest["status"] == "failed" and manifest["error"]["kind"] == kind
+    summary = read(run_dir / "summary.json")
+    assert summary["status"] == "failed"
+    assert {s["name"]: s["status"] for s in summary["stages"]} == {"ok": "ok", "boom": "failed"}
+
+    # a failed stage is never taken for a finished one: the next run reruns it
+    rerun = cli("run", "--pipeline", FAILING, "--run-dir", run_dir, "--no-report", "--set", "boom.mode=raise")
+    assert rerun.returncode == 1 and "ok    cached" in rerun.stdout and "boom  FAILED" in rerun.stdout, rerun
+
+
+def test_concurrent_run_on_same_folder_is_refused(cli, tmp_path):
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    gate.write_text("hold")
+    proc = subprocess.Popen([str(SLM_BENCH), "run", "--pipeline", str(BASIC), "--run-dir", str(run_dir), "--no-report",
+                             "--set", f"source.gate={gate}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (run_dir / "source" / "kernel.pid").exists(), what="the first run to start")
+        second = cli("run", "--pipeline", BASIC, "--run-dir", run_dir, "--no-report")
+        assert second.returncode == 2 and "is in use by another slm-bench run" in second.stderr, second
+    finally:
+        gate.unlink()
+        proc.communicate(timeout=120)
+    assert proc.returncode == 0
