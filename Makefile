@@ -64,7 +64,7 @@ test: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"
-	$(BIN)/jupyter lab --notebook-dir=.
+	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: $(STAMP)
 	$(BIN)/slm-bench bench

@@ -156,7 +156,7 @@ def test_resume_after_killed_or_interrupted_run(cli, tmp_path, how):
         ("raise", [], "cell error", "ValueError: planted failure"),
         ("sleep", ["--cell-timeout", "3"], "timeout", "CellTimeoutError: a cell ran longer than --cell-timeout 3 s"),
         ("die", [], "dead kernel", "DeadKernelError: the kernel died"),
-        ("no_output", [], "runner error", "did not write its declared outputs: never.txt"),
+        ("no_output", [], "missing outputs", "did not write its declared outputs: never.txt"),
     ],
 )
 def test_failing_stage_exit_1_and_message(cli, tmp_path, mode, extra, kind, detail):

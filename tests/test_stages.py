@@ -85,3 +85,10 @@ def test_pipeline_level_errors(tmp_path):
     (tmp_path / "a.ipynb").unlink()
     with pytest.raises(BadInput, match="input 'zzz' is not a stage"):
         discover_stages(tmp_path)
+
+
+@pytest.mark.parametrize("output", ["../escape.txt", "/abs/file"])
+def test_outputs_must_stay_inside_the_stage_folder(tmp_path, output):
+    path = write_stage(tmp_path, "s.ipynb", f"STAGE = dict(name='a', outputs=[{output!r}])")
+    with pytest.raises(BadInput, match="must be a path inside the stage folder"):
+        read_stage(path)
