@@ -57,6 +57,9 @@ def test_environment_stage_through_the_real_kernel(cli, tmp_path):
     assert summary["status"] == "ok" and summary["stages"][0]["action"] == "ran"
     assert summary["stages"][0]["metrics"]["peak_gflops"] == metrics["peak_gflops"]
     assert (reports / "run" / "environment.html").is_file()
+    index = (reports / "run" / "index.html").read_text()
+    assert "src='figures/environment/matmul.png'" in index
+    assert (reports / "run" / "figures" / "environment" / "matmul.png").read_bytes() == (stage / "matmul.png").read_bytes()
 
 
 def test_cache_force_and_invalidation(cli, tmp_path):
