@@ -37,3 +37,24 @@ def tree(folder: Path) -> dict[str, int]:
     if not folder.exists():
         return {}
     return {str(p.relative_to(folder)): (p.stat().st_size if p.is_file() else -1) for p in sorted(folder.rglob("*"))}
+
+
+CORPUS = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples." for a in range(2, 30) for b in range(2, 12)]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    "A tiny Llama trained for a few seconds on an arithmetic corpus (it completes 'Tom has ...' sensibly), saved in HF format."
+    from slm_bench.models import create_model, get_preset
+    from slm_bench.packing import pack, text_example
+    from slm_bench.tokenizer import train_tokenizer
+    from slm_bench.train import CausalLM, PackedRows, TrainConfig, Trainer
+
+    out = tmp_path_factory.mktemp("tiny")
+    tokenizer = train_tokenizer(CORPUS, vocab_size=320)
+    model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=96),
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    rows = pack([text_example(tokenizer, t) for t in CORPUS], seq_len=64, pad_id=tokenizer.pad_token_id)
+    config = TrainConfig(steps=120, micro_batch_size=8, lr=3e-3, warmup_steps=10, progress=False)
+    Trainer(model, CausalLM(), PackedRows(rows, 8), config, out / "train", tokenizer).train()
+    return out / "train" / "final"

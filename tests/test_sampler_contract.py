@@ -1,0 +1,147 @@
+"""One contract, every backend present: HF (lean and generate) always, HTTP through a real `slm-bench serve`, vLLM on a GPU."""
+import select
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import SLM_BENCH
+from slm_bench.core import BadInput
+from slm_bench.http_backend import HTTPSampler, RemoteError
+from slm_bench.sampling import HFSampler, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint):
+    "The transformers model itself scores completions: the ground truth every backend must agree with."
+    return HFSampler.from_checkpoint(tiny_checkpoint, mode="generate")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    proc = subprocess.Popen([str(SLM_BENCH), "serve", str(tiny_checkpoint), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline, line = time.time() + 60, ""
+    while time.time() < deadline and "serving" not in line:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+        if proc.poll() is not None:
+            raise RuntimeError(f"slm-bench serve exited: {proc.stderr.read()}")
+    url = line.split(" at ", 1)[1].split(" ;")[0].strip()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _vllm_available():
+    if not torch.cuda.is_available():
+        return "no GPU"
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vllm is not installed (pip install -e '.[gpu]')"
+    return None
+
+
+@pytest.fixture(params=["hf-lean", "hf-generate", "http", "vllm"])
+def sampler(request, tiny_checkpoint, tmp_path):
+    kind = request.param
+    if kind == "hf-lean":
+        return HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    if kind == "hf-generate":
+        return HFSampler.from_checkpoint(tiny_checkpoint, mode="generate")
+    if kind == "http":
+        url = request.getfixturevalue("server")
+        from transformers import AutoTokenizer
+        return HTTPSampler(url, "tiny", tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint), max_context=96, retries=1, backoff=0.05)
+    reason = _vllm_available()
+    if reason:
+        pytest.skip(f"vLLM backend: {reason}")
+    from slm_bench.vllm_backend import VLLMSampler
+    return VLLMSampler(str(tiny_checkpoint), dtype="float32", gpu_memory_utilization=0.2)
+
+
+def prompt(reference, text="Tom has 7 apples and buys"):
+    return reference.tokenizer(text)["input_ids"]
+
+
+def test_seeded_reproducibility(sampler, reference):
+    prompts = [prompt(reference), prompt(reference, "Tom has 21 apples")]
+    params = SamplingParams(n=4, max_new_tokens=12, temperature=1.0, seed=7)
+    first, again = sampler.generate(prompts, params), sampler.generate(prompts, params)
+    assert [[c.token_ids for c in group] for group in first] == [[c.token_ids for c in group] for group in again]
+    other = sampler.generate(prompts, SamplingParams(n=4, max_new_tokens=12, temperature=1.0, seed=8))
+    assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in first]
+
+
+def test_logprobs_equal_teacher_forced_score(sampler, reference):
+    prompts = [prompt(reference), prompt(reference, "Tom has 3 apples and buys 9 more")]
+    groups = sampler.generate(prompts, SamplingParams(n=3, max_new_tokens=10, temperature=1.0, top_p=0.9, seed=3))
+    for p, group in zip(prompts, groups):
+        truth = reference.score([p] * len(group), [c.token_ids for c in group])
+        for completion, expected in zip(group, truth):
+            assert len(completion.logprobs) == len(completion.token_ids) > 0
+            assert completion.logprobs == pytest.approx(expected, abs=2e-4)
+    # and the backend's own scorer agrees with the reference
+    c = groups[0][0]
+    assert sampler.score([prompts[0]], [c.token_ids])[0] == pytest.approx(reference.score([prompts[0]], [c.token_ids])[0], abs=2e-4)
+
+
+def test_n_per_prompt_in_order(sampler, reference):
+    prompts = [prompt(reference, f"Tom has {a} apples and buys") for a in (3, 11, 25)]
+    groups = sampler.generate(prompts, SamplingParams(n=5, max_new_tokens=6, seed=1))
+    assert [len(g) for g in groups] == [5, 5, 5]
+    for p, group in zip(prompts, groups):  # each completion is scored as a continuation of its own prompt
+        for c in group:
+            assert c.logprobs == pytest.approx(reference.score([p], [c.token_ids])[0], abs=2e-4)
+
+
+def test_stop_token_and_stop_string(sampler, reference):
+    tok = reference.tokenizer
+    greedy = sampler.generate([prompt(reference)], SamplingParams(temperature=0, max_new_tokens=20))[0][0]
+    assert "apples" in greedy.text, greedy.text  # the trained model completes the sentence
+    stop_id = greedy.token_ids[3]
+    by_token = sampler.generate([prompt(reference)], SamplingParams(temperature=0, max_new_tokens=20, stop_token_ids=[stop_id]))[0][0]
+    assert by_token.token_ids == greedy.token_ids[:greedy.token_ids.index(stop_id) + 1] and by_token.finish_reason == "stop"
+    by_string = sampler.generate([prompt(reference)], SamplingParams(temperature=0, max_new_tokens=20, stop=["apples"]))[0][0]
+    assert by_string.finish_reason == "stop" and "apples" not in by_string.text
+    assert greedy.text.startswith(by_string.text) and greedy.text[len(by_string.text):].lstrip().startswith("apples")
+    assert tok.eos_token_id not in by_string.token_ids
+
+
+def test_empty_completions_and_immediate_stop(sampler, reference):
+    empty = sampler.generate([prompt(reference)], SamplingParams(n=2, max_new_tokens=0))[0]
+    assert [(c.token_ids, c.text, c.finish_reason) for c in empty] == [([], "", "length")] * 2
+    everything = list(range(len(reference.tokenizer)))
+    first = sampler.generate([prompt(reference)], SamplingParams(n=2, max_new_tokens=5, stop_token_ids=everything, seed=0))[0]
+    assert all(len(c.token_ids) == 1 and c.finish_reason == "stop" for c in first)
+
+
+def test_long_prompts(sampler, reference):
+    context = 96
+    near = (prompt(reference) * 20)[:context - 4]
+    out = sampler.generate([near], SamplingParams(max_new_tokens=50, seed=0))[0][0]
+    assert len(out.token_ids) <= 4
+    if out.finish_reason == "length":
+        assert len(out.token_ids) == 4
+    too_long = (prompt(reference) * 20)[:context + 5]
+    with pytest.raises((BadInput, RemoteError), match="context"):
+        sampler.generate([too_long], SamplingParams(max_new_tokens=5))
+
+
+def test_chat_prompts(sampler, reference):
+    messages = [{"role": "user", "content": "Tom has 4 apples."}]
+    out = sampler.generate([messages], SamplingParams(n=2, max_new_tokens=8, seed=0))[0]
+    assert len(out) == 2 and all(c.finish_reason in ("stop", "length") for c in out)
+    rendered = reference.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert out[0].logprobs == pytest.approx(reference.score([rendered], [out[0].token_ids])[0], abs=2e-4)
+
+
+def test_lean_and_generate_agree(tiny_checkpoint, reference):
+    lean = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    prompts = [prompt(reference), prompt(reference, "Tom has 19")]
+    params = SamplingParams(n=3, max_new_tokens=10, seed=11, top_k=20)
+    assert [[c.token_ids for c in g] for g in lean.generate(prompts, params)] == \
+        [[c.token_ids for c in g] for g in reference.generate(prompts, params)]
