@@ -50,3 +50,30 @@ def test_bench_matmul_reports_ratio_to_numpy(cli):
         assert row["torch_gflops"] > 0 and row["numpy_gflops"] > 0
         assert abs(row["torch_over_numpy"] - row["torch_gflops"] / row["numpy_gflops"]) < 0.01 * row["torch_over_numpy"] + 1e-3
     assert cli("bench", "nope").returncode == 2
+
+
+def test_sampler_and_train_benchmarks_report_ratios():
+    from slm_bench.benchmarks import bench_sampler, bench_train
+
+    s = bench_sampler(preset="llama-0.5m", prompts=2, prompt_len=16, samples=2, new_tokens=4, runs=1)
+    assert s["ratio"] == round(s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"], 3) or abs(
+        s["ratio"] - s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"]) < 0.01
+    assert 0 < s["fraction_of_peak"] and s["peak_gflops"] > 0 and s["workload"]["samples"] == 2
+    t = bench_train(preset="llama-0.5m", seq_len=32, micro_batch=4, steps=2, runs=1)
+    assert abs(t["ratio"] - t["engine_tokens_per_s"] / t["bare_tokens_per_s"]) < 0.01 and t["fraction_of_peak"] > 0
+
+
+def test_serve_bad_checkpoint_is_a_clear_error(cli, tmp_path):
+    result = cli("serve", tmp_path / "missing", "--port", "0")
+    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "notckpt").mkdir()
+    result = cli("serve", tmp_path / "notckpt", "--port", "0")
+    assert result.returncode == 2 and "no config.json" in result.stderr
+
+
+def test_presets_report(cli):
+    rows = {r["name"]: r for r in json.loads(cli("presets", "--json").stdout)}
+    assert rows["llama2-7b"]["params_total"] == 6_738_415_616  # Llama 2 7B's published count
+    assert rows["llama2-70b"]["attention"] == "GQA" and rows["phi4"]["rope_theta"] == 250_000
+    assert rows["llama-2m"]["forward_flops_per_token"] == 2 * (8 * (4 * 128 * 128 + 3 * 128 * 344) + 2048 * 128) + 2 * 8 * 512 * 128
+    assert "llama-8m" in cli("presets").stdout

@@ -1,0 +1,49 @@
+"""The lean decoder computes the transformers model's own logits, at prefill and at every decode step."""
+import pytest
+import torch
+
+from slm_bench.lean import LeanDecoder, lean_support
+from slm_bench.models import create_model, get_preset
+
+
+@pytest.mark.parametrize("name, kv_heads", [("llama-0.5m", 4), ("llama-0.5m", 2), ("llama-0.5m", 1), ("phi-0.5m", 2)])
+def test_decode_steps_match_the_full_forward(name, kv_heads):
+    model = create_model(get_preset(name, num_kv_heads=kv_heads, vocab_size=97, rope_theta=250_000.0)).eval()
+    lean = LeanDecoder(model)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]  # different lengths: left padding
+    n, steps = 3, 6
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    logits, prompt_cache = lean.prefill(ids, mask)
+    cache = lean.new_cache(len(prompts) * n, steps)
+    g = torch.Generator().manual_seed(0)
+    sequences = [list(p) for p in prompts for _ in range(n)]
+    logits = logits.repeat_interleave(n, 0)
+    positions = mask.sum(-1).repeat_interleave(n)
+    for t in range(steps):
+        with torch.no_grad():
+            for row, seq in enumerate(sequences):
+                reference = model(torch.tensor([seq])).logits[0, -1]
+                assert torch.allclose(logits[row], reference, atol=1e-5), (name, t, row)
+        token = torch.randint(3, 97, (len(sequences),), generator=g)
+        for row, seq in enumerate(sequences):
+            seq.append(int(token[row]))
+        logits = lean.step(token, positions + t, prompt_cache, mask, cache, t, n)
+
+
+def test_weights_changed_in_place_are_picked_up():
+    model = create_model(get_preset("llama-0.5m", vocab_size=50)).eval()
+    lean = LeanDecoder(model)
+    ids, mask = torch.tensor([[3, 4, 5]]), torch.ones(1, 3, dtype=torch.long)
+    before, _ = lean.prefill(ids, mask)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(3.0)  # what an optimizer step does: in place
+    after, _ = lean.prefill(ids, mask)
+    with torch.no_grad():
+        assert torch.allclose(after[0], model(ids).logits[0, -1], atol=1e-5) and not torch.allclose(before, after)
+
+
+def test_unsupported_models_are_named():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    assert "GPT2LMHeadModel is not one of" in lean_support(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
