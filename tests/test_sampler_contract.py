@@ -145,3 +145,21 @@ def test_lean_and_generate_agree(tiny_checkpoint, reference):
     params = SamplingParams(n=3, max_new_tokens=10, seed=11, top_k=20)
     assert [[c.token_ids for c in g] for g in lean.generate(prompts, params)] == \
         [[c.token_ids for c in g] for g in reference.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("mode", ["lean", "generate"])
+def test_samples_do_not_depend_on_batching(tiny_checkpoint, reference, mode):
+    "Batches are sized by free memory, which differs between machines: a prompt's samples must not depend on them."
+    prompts = [prompt(reference, f"Tom has {a} apples and buys") for a in (3, 11, 25, 7)]
+    params = SamplingParams(n=3, max_new_tokens=8, seed=5)
+    together = HFSampler.from_checkpoint(tiny_checkpoint, mode=mode).generate(prompts, params)
+    one_by_one = HFSampler.from_checkpoint(tiny_checkpoint, mode=mode, max_batch_prompts=1).generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in together] == [[c.token_ids for c in g] for g in one_by_one]
+
+
+def test_batches_follow_the_memory_budget(tiny_checkpoint):
+    sampler = HFSampler.from_checkpoint(tiny_checkpoint)
+    assert sampler._batches([10, 50, 20, 30], n=4, max_new=8) == [[0, 2, 3, 1]]  # one batch, similar lengths together
+    two = 2.5 * sampler._bytes_per_prompt(40, 4, 8)  # room for two prompts of 40 tokens
+    assert sampler._batches([40] * 5, n=4, max_new=8, budget=two) == [[0, 1], [2, 3], [4]]
+    assert sampler._bytes_per_prompt(40, 16, 64) < HFSampler.from_checkpoint(tiny_checkpoint, mode="generate")._bytes_per_prompt(40, 16, 64)
