@@ -77,3 +77,11 @@ def test_presets_report(cli):
     assert rows["llama2-70b"]["attention"] == "GQA" and rows["phi4"]["rope_theta"] == 250_000
     assert rows["llama-2m"]["forward_flops_per_token"] == 2 * (8 * (4 * 128 * 128 + 3 * 128 * 344) + 2048 * 128) + 2 * 8 * 512 * 128
     assert "llama-8m" in cli("presets").stdout
+
+
+def test_sandbox_benchmark_small():
+    from slm_bench.benchmarks import bench_sandbox
+
+    result = bench_sandbox(n=30, workers=1)
+    assert result["pool_correct"] == 30 and result["baseline_correct"] == 30
+    assert result["ratio"] > 0 and set(result["families"]) <= {"plain", "math", "sympy"}
