@@ -22,7 +22,8 @@ def read(path: Path):
 def test_environment_stage_through_the_real_kernel(cli, tmp_path):
     run_dir, reports = tmp_path / "run", tmp_path / "reports"
     # MPLBACKEND in the caller's environment must not make figures vanish (STACK.md trap): the runner strips it.
-    result = cli("run", "--profile", "smoke", "--run-dir", run_dir, "--report-dir", reports, env={"MPLBACKEND": "agg"})
+    result = cli("run", "--profile", "smoke", "--stages", "environment", "--run-dir", run_dir, "--report-dir", reports,
+                 env={"MPLBACKEND": "agg"})
     assert result.returncode == 0, result
     assert "[1/1] environment  running" in result.stdout and "[1/1] environment  ok" in result.stdout
     assert f"report: {reports / 'run' / 'index.html'}" in result.stdout

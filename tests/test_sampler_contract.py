@@ -163,3 +163,13 @@ def test_batches_follow_the_memory_budget(tiny_checkpoint):
     two = 2.5 * sampler._bytes_per_prompt(40, 4, 8)  # room for two prompts of 40 tokens
     assert sampler._batches([40] * 5, n=4, max_new=8, budget=two) == [[0, 1], [2, 3], [4]]
     assert sampler._bytes_per_prompt(40, 16, 64) < HFSampler.from_checkpoint(tiny_checkpoint, mode="generate")._bytes_per_prompt(40, 16, 64)
+
+
+def test_completion_text_keeps_its_leading_space(sampler, reference):
+    "SentencePiece-style decoders drop a sequence's first space; a completion must be decoded as a continuation."
+    tok = reference.tokenizer
+    p = prompt(reference, "Tom has 7 apples and buys")
+    c = sampler.generate([p], SamplingParams(temperature=0, max_new_tokens=6))[0][0]
+    full = tok.decode(p + c.token_ids, skip_special_tokens=True)
+    head = tok.decode(p, skip_special_tokens=True)
+    assert c.text == full[len(head):] and c.text.startswith(" "), (c.text, full)

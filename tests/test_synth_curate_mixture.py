@@ -1,0 +1,134 @@
+"""Teacher, curation and mixture pieces: known answers, planted errors, parsers that never crash, bad input."""
+import json
+
+import pytest
+
+from slm_bench.core import BadInput
+from slm_bench.curate import TestIndex, dedup, phi4_verdict, run_filters, tinygsm_verdict
+from slm_bench.mixture import MixtureWidget, Source, draw, epochs, validate_sources
+from slm_bench.sandbox import Sandbox
+from slm_bench.synth import (FAMILIES, TEST_VOCAB, TRAIN_VOCAB, LLMTeacher, ParseReport, ProceduralTeacher, load_seed_questions,
+                             parse_joint, parse_questions)
+
+
+def run_program(code):
+    namespace = {}
+    exec(code, namespace)
+    return namespace["simple_math_problem"]()
+
+
+@pytest.mark.parametrize("mode", ["joint", "two-stage"])
+def test_procedural_teacher_is_exact_and_varied(mode):
+    problems = ProceduralTeacher(error_rate=0.0, mode=mode).generate(800, seed=4)
+    assert {p.family for p in problems} == set(FAMILIES)
+    assert all(abs(run_program(p.program) - p.answer) < 1e-9 for p in problems)
+    assert set(range(1, 7)) <= {p.steps for p in problems}
+    share = sum(p.irrelevant for p in problems) / len(problems)
+    assert 0.25 < share < 0.42  # about a third carry a GSM-IC sentence
+    names = {name for name, _ in TRAIN_VOCAB.names}
+    assert all(any(n in p.question for n in names) for p in problems)
+
+
+def test_planted_errors_are_wrong_and_marked():
+    problems = ProceduralTeacher(error_rate=0.3).generate(1000, seed=5)
+    corrupted = [p for p in problems if p.corrupted]
+    assert 0.25 < len(corrupted) / 1000 < 0.35
+    assert all(run_program(p.program) != p.answer for p in corrupted)
+    assert all(abs(run_program(p.program) - p.answer) < 1e-9 for p in problems if not p.corrupted)
+
+
+def test_test_vocabulary_is_disjoint():
+    test = ProceduralTeacher(vocab=TEST_VOCAB).generate(100, seed=1)
+    train_names = {n for n, _ in TRAIN_VOCAB.names}
+    assert not any(p.question.split()[0] in train_names for p in test)
+
+
+def test_teacher_output_that_fails_to_parse_is_counted_not_fatal():
+    report = ParseReport()
+    reply = "### PROBLEM\nno code here\n### PROBLEM\n```python\ndef simple_math_problem(:\n    return\n```\n### PROBLEM\n" \
+            "```python\ndef simple_math_problem():\n    \"\"\"Ann has 2 pens and gets 3 more. How many pens?\"\"\"\n    return 2 + 3\n```"
+    assert parse_joint(reply, report) == [("Ann has 2 pens and gets 3 more. How many pens?",
+                                           'def simple_math_problem():\n    """Ann has 2 pens and gets 3 more. How many pens?"""\n    return 2 + 3\n')]
+    assert (report.kept, report.dropped) == (1, 2) and len(report.examples) == 2
+    assert parse_joint("complete garbage", ParseReport()) == []
+    report = ParseReport()
+    assert parse_questions("### PROBLEM\nBen has 4 cats and 2 dogs. How many pets?\n### PROBLEM\nx", report) == ["Ben has 4 cats and 2 dogs. How many pets?"]
+    assert report.dropped == 1
+
+
+def test_llm_teacher_through_a_real_sampler(tiny_checkpoint):
+    "An untrained model is a terrible teacher: its replies do not parse, and that is counted, never a crash."
+    from transformers import AutoTokenizer
+
+    from slm_bench.models import create_model, get_preset
+    from slm_bench.sampling import HFSampler
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024))
+    teacher = LLMTeacher(HFSampler(model, tokenizer), ["Tom has 3 apples and buys 4 more. How many apples?"], max_new_tokens=20)
+    items, report = teacher.generate_with_report(3, seed=0)
+    assert items == [] and report.dropped >= 1
+
+
+def test_seed_file_errors(tmp_path):
+    good = tmp_path / "seeds.jsonl"
+    good.write_text('{"question": "Ann has 3 pens."}\n\n{"question": "Bo has 2 cats."}\n')
+    assert load_seed_questions(good) == ["Ann has 3 pens.", "Bo has 2 cats."]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "Ann has 3 pens."}\n{"q": "wrong key"}\n')
+    with pytest.raises(BadInput, match="bad.jsonl, row 2: needs a non-empty 'question'"):
+        load_seed_questions(bad)
+    bad.write_text('{"question": "ok"}\n{not json\n')
+    with pytest.raises(BadInput, match="row 2: not valid JSON"):
+        load_seed_questions(bad)
+
+
+def test_filters_and_dedup():
+    records = [p.to_json() for p in ProceduralTeacher(error_rate=0.0).generate(30, seed=2)]
+    records += [{"question": "Too short?", "program": "def simple_math_problem():\n    x = 1\n    return x\n"},
+                {"question": "Ann has some pens and gets some more pens, how many pens now?", "program": "def simple_math_problem():\n    x = 1\n    return x\n"},
+                {**records[0], "id": "broken", "program": records[0]["program"].replace("return result", "return undefined_name")},
+                {**records[1], "id": "text", "program": records[1]["program"].replace("return result", "return 'many'")}]
+    with Sandbox(workers=1) as box:
+        kept, reasons = run_filters(records, box)
+    assert len(kept) == 30 and reasons["question too short"] == 1 and reasons["no numbers in the question"] == 1
+    assert reasons["program fails (NameError)"] == 1 and reasons["program returns no number"] == 1
+    assert all(abs(r["program_answer"] - r["answer"]) < 1e-9 for r in kept)
+    copies = kept + [dict(kept[0]), {**kept[1], "question": kept[1]["question"].upper() + "!!"}]
+    unique, counts = dedup(copies)
+    assert len(unique) == 30 and counts == {"exact": 1, "normalised": 1}
+
+
+def test_decontamination_finds_a_paraphrase_with_new_numbers(tmp_path):
+    from slm_bench.tasks import get_task, shared_data_dir
+
+    test = ["Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends every day with four."]
+    index = TestIndex.build({"gsm8k-like": test})
+    copy = {"question": "Janet's ducks lay 20 eggs per day! She eats five for breakfast every morning and bakes muffins for her friends every day with two."}
+    assert tinygsm_verdict(copy["question"], index, 13).status == "contaminated"
+    assert phi4_verdict(copy["question"], index).status == "contaminated"
+    own = ProceduralTeacher().generate(200, seed=3)
+    assert all(tinygsm_verdict(p.question, index, 8).status == "clean" for p in own)
+
+
+def test_mixture_bad_input_and_sampler():
+    with pytest.raises(BadInput, match="shares sum to 0.9000"):
+        epochs([Source("a", 0.5, 10), Source("b", 0.4, 10)], 100)
+    with pytest.raises(BadInput, match="'b' has 0 tokens"):
+        validate_sources([Source("a", 0.5, 10), Source("b", 0.5, 0)])
+    docs = {"big": [[1] * 7] * 100, "small": [[2] * 3] * 10}
+    stream, stats = draw(docs, {"big": 0.7, "small": 0.3}, budget=2000, seed=1)
+    assert abs(stats["small"]["realised_share"] - 0.3) < 0.02
+    assert stats["small"]["realised_epochs"] == pytest.approx(stats["small"]["drawn_tokens"] / 30)
+    assert stats["small"]["planned_epochs"] == pytest.approx(0.3 * 2000 / 30)
+
+
+def test_mixture_widget_reacts_to_sliders():
+    widget = MixtureWidget([Source("problems", 0.6, 1000), Source("prose", 0.4, 5000)], budget=10000, warn_at=5)
+    assert "problems (6.0)" in widget.message.value
+    widget.budget.value = 5000
+    assert "within range" in widget.message.value
+    widget.shares["prose"].value = 0.9
+    assert "shares sum to 1.50" in widget.message.value
+    sources, budget = widget.current()
+    assert sum(s.share for s in sources) == pytest.approx(1.0) and budget == pytest.approx(5000)

@@ -1,0 +1,81 @@
+"""The tiny world end to end with the `smoke` profile: every stage runs through the real runner and kernel."""
+import json
+
+import pytest
+import torch
+
+from slm_bench.mixture import Source, epochs
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    import subprocess
+
+    from conftest import ROOT, SLM_BENCH
+
+    base = tmp_path_factory.mktemp("tiny-world")
+    run_dir, reports = base / "run", base / "reports"
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--run-dir", str(run_dir), "--report-dir", str(reports)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, reports, proc.stdout
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
+    run_dir, reports, stdout = smoke_run
+    summary = read(run_dir / "summary.json")
+    assert [s["name"] for s in summary["stages"]] == ["environment", "synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid"]
+    assert all(s["status"] == "ok" for s in summary["stages"])
+    metrics = summary["metrics"]
+    for key in ("pretrain_pass@1", "sft_pass@1", "sft_maj@k", "sft_verify@N@1", "k", "N"):
+        assert key in metrics, key
+    assert metrics["k"] == 4 and metrics["N"] == 4
+    index = (reports / "run" / "index.html").read_text()
+    assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid"))
+    grid = read(run_dir / "grid" / "grid.json")["grid"]
+    assert {"small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver"} <= set(grid)
+
+
+def test_synth_and_curate(smoke_run):
+    run_dir, _, _ = smoke_run
+    train = [json.loads(line) for line in (run_dir / "synth" / "train.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (run_dir / "synth" / "test.jsonl").read_text().splitlines()]
+    assert len(train) == 1500 and len(test) == 40
+    train_names = {r["question"].split()[0] for r in train}
+    assert not any(r["question"].split()[0] in train_names for r in test)  # held-out names
+    curate = read(run_dir / "curate" / "metrics.json")
+    assert curate["kept"] < curate["generated"] == 1500
+    assert curate["removed_filters"] >= sum(r["corrupted"] for r in train) * 0.8  # planted errors are caught by answer validation
+    report = read(run_dir / "curate" / "contamination.json")
+    assert set(report["report"]) == {"tinygsm13", "tinygsm8", "phi4"} and "tiny-world test" in report["eval_sets"]
+
+
+def test_mixture_epochs_follow_the_formula(smoke_run):
+    run_dir, _, _ = smoke_run
+    mixture = read(run_dir / "mixture" / "mixture.json")
+    sources = [Source(name, s["share"], s["unique_tokens"]) for name, s in mixture["sources"].items()]
+    expected = epochs(sources, mixture["budget_tokens"])
+    for name, s in mixture["sources"].items():
+        assert s["planned_epochs"] == pytest.approx(expected[name])
+        assert abs(s["realised_share"] - s["share"]) < 0.05  # the sampler honours the shares
+    rows = torch.load(run_dir / "mixture" / "pretrain_rows.pt")
+    assert rows["input_ids"].shape[1] == mixture["seq_len"]
+
+
+def test_training_stages_learn_and_save(smoke_run):
+    from transformers import AutoModelForCausalLM
+
+    run_dir, _, _ = smoke_run
+    for stage in ("pretrain", "sft"):
+        losses = [json.loads(line)["loss"] for line in (run_dir / stage / "train" / "metrics.jsonl").read_text().splitlines()]
+        assert losses[-1] < losses[0], (stage, losses[0], losses[-1])
+        AutoModelForCausalLM.from_pretrained(run_dir / stage / "model")
+    assert (run_dir / "sft" / "train" / "checkpoints" / "step-000015" / "model" / "config.json").is_file()  # named checkpoint kept
+    verifier = read(run_dir / "verifier" / "metrics.json")
+    assert verifier["labelled"] == 24 * 2 * 2  # questions x samples x checkpoints (final + step 15)
+    results = read(run_dir / "evaluate" / "results.json")
+    assert {"pretrain", "sft"} <= set(results) and "verify@4@1" in results["sft"]
