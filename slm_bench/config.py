@@ -197,7 +197,7 @@ PROFILES: dict[str, Profile] = {
              "mixture.vocab_size": 400, "mixture.tokenizer_texts": 1500, "mixture.budget_tokens": 60000,
              "pretrain.steps": 15, "pretrain.micro_batch_size": 8, "pretrain.warmup_steps": 3,
              "sft.steps": 30, "sft.micro_batch_size": 8, "sft.checkpoint_at": [15], "sft.warmup_steps": 3,
-             "verifier.questions": 24, "verifier.samples_per_question": 2, "verifier.steps": 10, "verifier.micro_batch_size": 8, "verifier.warmup_steps": 2,
+             "verifier.questions": 24, "verifier.samples_per_question": 2, "verifier.use_checkpoints": True, "verifier.dedup": False, "verifier.steps": 10, "verifier.micro_batch_size": 8, "verifier.warmup_steps": 2,
              "evaluate.test_problems": 24, "evaluate.samples": 4, "evaluate.k": 4, "evaluate.real_sets": {"gsm8k": 8, "svamp": 8},
              "evaluate.max_new_tokens": 96, "verifier.max_new_tokens": 96,
              "grid.small_sft_steps": 10, "grid.small_verifier_questions": 12, "grid.small_verifier_steps": 5, "grid.test_problems": 12,

@@ -12,8 +12,8 @@ from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 # %% auto #0
-__all__ = ['AMC_POINTS', 'accuracy_ci', 'pass_at_k', 'mean_pass_at_k', 'majority', 'maj_at_k', 'best_of_n', 'format_ok',
-           'simpleqa_outcomes', 'amc_score']
+__all__ = ['AMC_POINTS', 'accuracy_ci', 'paired_difference_ci', 'pass_at_k', 'mean_pass_at_k', 'majority', 'maj_at_k',
+           'best_of_n', 'format_ok', 'simpleqa_outcomes', 'amc_score']
 
 # %% ../nbs/21_metrics.ipynb #918e8ba8
 def accuracy_ci(correct: Sequence[bool | float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> dict:
@@ -27,6 +27,15 @@ def accuracy_ci(correct: Sequence[bool | float], n_boot: int = 2000, alpha: floa
     low = means[int(math.floor(alpha / 2 * (n_boot - 1)))]
     high = means[int(math.ceil((1 - alpha / 2) * (n_boot - 1)))]
     return {"accuracy": sum(values) / n, "ci_low": low, "ci_high": high, "n": n}
+
+# %% ../nbs/21_metrics.ipynb #29ce4742
+def paired_difference_ci(a: Sequence[bool | float], b: Sequence[bool | float], n_boot: int = 2000, alpha: float = 0.05,
+                         seed: int = 0) -> dict:
+    "Mean of a − b over paired items (the same problems), with a percentile-bootstrap (1−alpha) interval."
+    if len(a) != len(b):
+        raise ValueError(f"paired scores need equal lengths, got {len(a)} and {len(b)}")
+    result = accuracy_ci([float(x) - float(y) for x, y in zip(a, b)], n_boot, alpha, seed)
+    return {"difference": result["accuracy"], "ci_low": result["ci_low"], "ci_high": result["ci_high"], "n": result["n"]}
 
 # %% ../nbs/21_metrics.ipynb #b7511713
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -12,13 +12,13 @@ from fractions import Fraction
 from typing import Sequence
 
 from .core import BadInput
-from .metrics import accuracy_ci, best_of_n, maj_at_k, mean_pass_at_k
+from .metrics import accuracy_ci, best_of_n, maj_at_k, mean_pass_at_k, paired_difference_ci
 from .packing import prompt_completion_example
 from .tasks import Judgement, Problem, TinyGSMPython, parse_number, tinygsm_prompt
 
 # %% auto #0
 __all__ = ['STOP_STRINGS', 'PAPER_TINYGSM', 'record_problems', 'program_body', 'sft_examples', 'sample_solutions',
-           'judge_solutions', 'evaluate_generator']
+           'judge_solutions', 'label_solutions', 'verifier_on_mixed', 'evaluate_generator']
 
 # %% ../nbs/28_tinygsm.ipynb #ddf1c9c7
 def record_problems(records: Sequence[dict]) -> list[Problem]:
@@ -67,11 +67,46 @@ def judge_solutions(problems: Sequence[Problem], groups: Sequence[Sequence], san
         position += len(g)
     return out
 
+# %% ../nbs/28_tinygsm.ipynb #f1249d47
+def label_solutions(sampler, problems: Sequence[Problem], n: int, temperatures: Sequence[float], sandbox, *,
+                    max_new_tokens: int = 160, seed: int = 0, level: str = "token", seen: set | None = None) -> tuple[list[dict], int]:
+    """`n` solutions per problem at each temperature, executed and labelled; returns rows
+    `{"example", "label", "temperature"}` (the example ready for `pack`) and how many repeats `seen` dropped
+    (pass a set shared across calls to drop repeats; None keeps every sample)."""
+    from slm_bench.verifier import verifier_example
+
+    rows, repeats = [], 0
+    for t, temperature in enumerate(temperatures):
+        groups = sample_solutions(sampler, problems, n, temperature, max_new_tokens, seed=seed + t)
+        for problem, group, verdicts in zip(problems, groups, judge_solutions(problems, groups, sandbox)):
+            prompt_ids = sampler.tokenizer(tinygsm_prompt(problem.question))["input_ids"]
+            for completion, verdict in zip(group, verdicts):
+                key = (problem.question, tuple(completion.token_ids))
+                if seen is not None:
+                    if key in seen:
+                        repeats += 1
+                        continue
+                    seen.add(key)
+                rows.append({"example": verifier_example(prompt_ids, completion.token_ids, int(verdict.correct), level),
+                             "label": int(verdict.correct), "temperature": temperature})
+    return rows, repeats
+
 # %% ../nbs/28_tinygsm.ipynb #aa024706
 def _answer_key(judgement: Judgement):
     "A hashable form of a returned value, for majority voting."
     value = parse_number(judgement.extracted) if judgement.extracted is not None else None
     return value if value is None else Fraction(value).limit_denominator(10**6)
+
+
+def verifier_on_mixed(picks: Sequence[bool], judged: Sequence[Sequence[Judgement]]) -> dict:
+    """How well the verifier ranks *within* a problem: on problems whose candidates are partly right, the share
+    where its pick is right, beside the share a uniformly random pick would get. Only these problems can move
+    verify@N@1; a verifier that merely learned which questions are hard scores near `random_pick` here."""
+    mixed = [(pick, sum(x.correct for x in j) / len(j)) for pick, j in zip(picks, judged) if 0 < sum(x.correct for x in j) < len(j)]
+    if not mixed:
+        return {"problems": 0, "verifier_pick": float("nan"), "random_pick": float("nan")}
+    return {"problems": len(mixed), "verifier_pick": sum(p for p, _ in mixed) / len(mixed),
+            "random_pick": sum(r for _, r in mixed) / len(mixed)}
 
 
 def evaluate_generator(sampler, problems: Sequence[Problem], sandbox, n: int = 8, k: int = 8, temperature: float = 0.7,
@@ -102,6 +137,8 @@ def evaluate_generator(sampler, problems: Sequence[Problem], sandbox, n: int = 8
                 position += len(g)
             picks = [bool(j[max(range(len(s)), key=lambda i: (s[i], -i))].correct) for s, j in zip(scores, judged)]
             result[f"verify@{n}@1"] = accuracy_ci(picks)
+            result["verify_minus_greedy"] = paired_difference_ci(picks, correct_greedy)
+            result["verifier_on_mixed"] = verifier_on_mixed(picks, judged)
         result["n"], result["k"] = n, k
     return result
 

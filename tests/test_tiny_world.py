@@ -79,3 +79,7 @@ def test_training_stages_learn_and_save(smoke_run):
     assert verifier["labelled"] == 24 * 2 * 2  # questions x samples x checkpoints (final + step 15)
     results = read(run_dir / "evaluate" / "results.json")
     assert {"pretrain", "sft"} <= set(results) and "verify@4@1" in results["sft"]
+    sft = results["sft"]  # the paired difference is exactly verify@N@1 − greedy pass@1, on the same problems
+    assert sft["verify_minus_greedy"]["difference"] == pytest.approx(sft["verify@4@1"]["accuracy"] - sft["pass@1"]["accuracy"])
+    assert sft["verify_minus_greedy"]["ci_low"] <= sft["verify_minus_greedy"]["difference"] <= sft["verify_minus_greedy"]["ci_high"]
+    assert 0 <= sft["verifier_on_mixed"]["problems"] <= sft["problems"]
