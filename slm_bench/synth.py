@@ -11,6 +11,8 @@ import re
 import textwrap
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
+from importlib import resources
+from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from .core import BadInput
@@ -19,8 +21,8 @@ from .core import BadInput
 __all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB', 'VERIFIER_VOCAB', 'ALL_VOCAB', 'FAMILIES',
            'PROMPTS', 'DELIMITER', 'Step', 'Spec', 'SynthProblem', 'render', 'Vocab', 'fam_add', 'fam_subtract',
            'fam_multiply', 'fam_divide', 'fam_remainder', 'fam_percent', 'fam_rate', 'fam_convert', 'fam_ages',
-           'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'organic_corpus', 'code_corpus', 'ParseReport',
-           'extract_program', 'parse_joint', 'parse_questions', 'load_seed_questions', 'LLMTeacher']
+           'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'organic_corpus', 'code_corpus', 'load_prompts',
+           'ParseReport', 'extract_program', 'parse_joint', 'parse_questions', 'load_seed_questions', 'LLMTeacher']
 
 # %% ../nbs/24_synth.ipynb #7e288954
 @dataclass
@@ -443,24 +445,16 @@ def code_corpus(n: int, seed: int = 0) -> list[str]:
     return snippets
 
 # %% ../nbs/24_synth.ipynb #77d84dcb
-PROMPTS = {
-    "joint@1": (
-        "Here is a grade-school math word problem:\n\n{seed}\n\n"
-        "Write 10 new, different word problems of the same difficulty. After each problem, write a Python function "
-        "`simple_math_problem()` whose docstring is the problem and which returns the numeric answer. "
-        "Start every problem with a line containing only ### PROBLEM."
-    ),
-    "question_variants@1": (
-        "Here is a grade-school math word problem:\n\n{seed}\n\n"
-        "Write 10 new word problems that change the story, the names and the numbers but keep it solvable with a few "
-        "arithmetic steps. Start every problem with a line containing only ### PROBLEM."
-    ),
-    "solution@1": (
-        "Write a complete Python solution to the problem below as a function `simple_math_problem()` whose docstring is "
-        "the problem, using sympy.solve() for equations and math.ceil() to round up where the problem needs it. "
-        "Return the final numeric answer.\n\nProblem: {question}\n"
-    ),
-}
+def load_prompts(folder=None) -> dict[str, str]:
+    "Prompt templates `name@version` → text, one `name@version.txt` file each (default: TinyGSM's, shipped in slm_bench/prompts/tinygsm)."
+    folder = Path(folder) if folder is not None else Path(str(resources.files("slm_bench") / "prompts" / "tinygsm"))
+    prompts = {path.stem: path.read_text() for path in sorted(folder.glob("*@*.txt"))}
+    if not prompts:
+        raise BadInput(f"no prompt templates (name@version.txt files) in {folder}")
+    return prompts
+
+
+PROMPTS = load_prompts()
 DELIMITER = "### PROBLEM"
 _CODE_BLOCK = re.compile(r"```(?:python)?\s*\n(.*?)```", re.S)
 _FUNCTION = re.compile(r"(?:^|\n)((?:import [^\n]+\n|from [^\n]+\n|\s*\n)*def simple_math_problem\(.*)", re.S)
@@ -529,7 +523,6 @@ def parse_questions(reply: str, report: ParseReport) -> list[str]:
 
 def load_seed_questions(path) -> list[str]:
     "Seed problems for an LLM teacher: a JSONL file whose rows have a 'question' string; a bad row is a `BadInput` naming it."
-    from pathlib import Path
 
     path = Path(path)
     if not path.is_file():
@@ -558,6 +551,7 @@ class LLMTeacher:
     mode: str = "joint"
     temperature: float = 1.0
     max_new_tokens: int = 2048
+    prompts: dict = field(default_factory=lambda: dict(PROMPTS))  # name@version → template (`load_prompts(folder)` for your own)
 
     def _ask(self, prompts: list[str], seed: int) -> list[str]:
         from slm_bench.sampling import SamplingParams
@@ -573,12 +567,12 @@ class LLMTeacher:
         while len(items) < n and rounds < 100:
             seeds = [rng.choice(list(self.seeds)) for _ in range(max(1, (n - len(items) + 9) // 10))]
             if self.mode == "joint":
-                for reply in self._ask([PROMPTS["joint@1"].format(seed=s) for s in seeds], seed + rounds):
+                for reply in self._ask([self.prompts["joint@1"].format(seed=s) for s in seeds], seed + rounds):
                     items += [{"question": q, "program": p, "mode": "joint"} for q, p in parse_joint(reply, report)]
             else:
-                questions = [q for reply in self._ask([PROMPTS["question_variants@1"].format(seed=s) for s in seeds], seed + rounds)
+                questions = [q for reply in self._ask([self.prompts["question_variants@1"].format(seed=s) for s in seeds], seed + rounds)
                              for q in parse_questions(reply, report)]
-                for question, reply in zip(questions, self._ask([PROMPTS["solution@1"].format(question=q) for q in questions], seed + rounds + 7)):
+                for question, reply in zip(questions, self._ask([self.prompts["solution@1"].format(question=q) for q in questions], seed + rounds + 7)):
                     program = extract_program(reply)
                     if program:
                         items.append({"question": question, "program": program, "mode": "two-stage"})
