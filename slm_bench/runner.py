@@ -31,7 +31,7 @@ from .store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256
 __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'RunInterrupted', 'ensure_kernel', 'RunOptions', 'Plan',
            'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell', 'describe_failure',
            'failure_message', 'prepare_stage_dir', 'kernel_environment', 'execute_stage', 'build_summary',
-           'run_metrics', 'run_dir_lock', 'run_pipeline', 'run_command_line']
+           'run_metrics', 'run_dir_lock', 'interrupt_stops_kernels', 'run_pipeline', 'run_command_line']
 
 # %% ../nbs/05_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -331,6 +331,45 @@ def run_dir_lock(run_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _child_pids() -> list[int]:
+    "This process's direct children (the stage kernels), from /proc; empty where there is no /proc."
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            children.append(int(stat.parent.name))
+    return children
+
+
+@contextlib.contextmanager
+def interrupt_stops_kernels():
+    """Ctrl-C stops the stage for sure: the handler also kills the stage kernel, so a KeyboardInterrupt that
+    papermill's event loop swallows still ends the stage (as a dead kernel). Yields an Event set on Ctrl-C."""
+    import signal
+    import threading
+
+    interrupted = threading.Event()
+
+    def on_interrupt(signum, frame):
+        interrupted.set()
+        for pid in _child_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
     names = [k for k in stage.key_metrics if k in metrics] or [k for k, v in metrics.items() if isinstance(v, (int, float))][:limit]
     return "  ".join(f"{k}={format_metric(metrics[k])}" for k in names)
@@ -355,7 +394,7 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log(f"report: {report_index}")
         return summary
 
-    with run_dir_lock(options.run_dir):
+    with run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted:
         for position, name in enumerate(plan.selected, 1):
             stage, tag = plan.stages[name], f"[{position}/{total}] {name:<{width}}"
             inputs = {up: stage_finished(options.run_dir, up)["fingerprint"] for up in stage.inputs}
@@ -370,7 +409,13 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log(f"{tag}  running ...")
             page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
             try:
-                manifest = execute_stage(plan, stage, key, inputs, page)
+                try:
+                    manifest = execute_stage(plan, stage, key, inputs, page)
+                except StageFailed:
+                    if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
+                        (options.run_dir / name / MANIFEST).unlink(missing_ok=True)
+                        raise KeyboardInterrupt from None
+                    raise
             except StageFailed:
                 actions[name] = "failed"
                 log(f"{tag}  FAILED")
