@@ -206,7 +206,10 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "gpu",
             "a GPU node: CUDA, bf16 throughput, larger sizes",
-            {"environment.device": "cuda", "environment.sizes": [1024, 2048, 4096, 8192]},
+            {"environment.device": "cuda", "environment.sizes": [1024, 2048, 4096, 8192],
+             # TinyGSM §4.2: 48 samples per verifier question at temperatures 0.5 and 0.7; verify48@1
+             "verifier.questions": 800, "verifier.samples_per_question": 48, "verifier.temperatures": [0.5, 0.7],
+             "evaluate.samples": 48},
         ),
     ]
 }
