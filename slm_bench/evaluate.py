@@ -13,7 +13,7 @@ from typing import Sequence
 from .core import BadInput
 from .metrics import accuracy_ci, amc_score, format_ok, mean_pass_at_k
 from .store import atomic_write_text, to_jsonable
-from .tasks import Problem, Task, get_task
+from .tasks import Problem, Task, get_task, jsonl_objects
 
 # %% auto #0
 __all__ = ['read_samples', 'score_samples']
@@ -27,16 +27,8 @@ def read_samples(path: Path | str, problems: Sequence[Problem], task: Task) -> l
     by_id = {p.id: p for p in problems}
     pairs = []
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+        for number, sample in jsonl_objects(f, path):
             where = f"{path}, line {number}"
-            try:
-                sample = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise BadInput(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(sample, dict):
-                raise BadInput(f"{where}: expected a JSON object")
             if not isinstance(sample.get("completion"), str):
                 raise BadInput(f"{where}: no 'completion' string")
             if "task_id" in sample:

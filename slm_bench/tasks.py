@@ -14,15 +14,15 @@ import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from .core import BadInput, find_project_root
 
 # %% auto #0
 __all__ = ['SHARED_DATA', 'TINYGSM_ENTRY', 'HUMANEVAL_PRESETS', 'LETTERS', 'ORCA2_ANCHORS', 'TASKS', 'Problem', 'Judgement',
-           'read_rows', 'shared_data_dir', 'parse_number', 'numbers_equal', 'Task', 'gsm8k_gold', 'GSM8K',
-           'tinygsm_prompt', 'TinyGSMPython', 'last_boxed', 'math_extract', 'normalize_latex', 'math_equal', 'MATH',
-           'HumanEval', 'SVAMP', 'AMC', 'extract_choice', 'MultipleChoice', 'mcq_loglik_choice', 'get_task']
+           'jsonl_objects', 'read_rows', 'shared_data_dir', 'parse_number', 'numbers_equal', 'Task', 'gsm8k_gold',
+           'GSM8K', 'tinygsm_prompt', 'TinyGSMPython', 'last_boxed', 'math_extract', 'normalize_latex', 'math_equal',
+           'MATH', 'HumanEval', 'SVAMP', 'AMC', 'extract_choice', 'MultipleChoice', 'mcq_loglik_choice', 'get_task']
 
 # %% ../nbs/22_tasks.ipynb #f002d857
 @dataclass
@@ -43,6 +43,20 @@ class Judgement:
     error: str | None = None  # why it could not be judged or failed (exception type, "no answer", ...)
 
 
+def jsonl_objects(lines, path) -> Iterator[tuple[int, dict]]:
+    "(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is a `BadInput` naming file and line."
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise BadInput(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(row, dict):
+            raise BadInput(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
+
+
 def read_rows(path: Path | str) -> list[dict]:
     "Rows of a .jsonl, .jsonl.gz or .json (a list of objects) file; malformed lines are a `BadInput` naming file and line."
     path = Path(path)
@@ -51,18 +65,7 @@ def read_rows(path: Path | str) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         if path.name.endswith((".jsonl", ".jsonl.gz")):
-            rows = []
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise BadInput(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
-                if not isinstance(row, dict):
-                    raise BadInput(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
-                rows.append(row)
-            return rows
+            return [row for _, row in jsonl_objects(f, path)]
         try:
             data = json.load(f)
         except json.JSONDecodeError as error:
