@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .core import BadInput, SlmBenchError
-from .sampling import Completion, Prompt, SamplingParams
+from .sampling import Completion, Prompt, SamplingParams, request_seed
 from .store import atomic_write_json, read_json, sha256_json
 
 # %% auto #0
@@ -88,10 +88,10 @@ class HTTPSampler:
             body["stop"] = params.stop
         if params.stop_token_ids is not None:
             body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
-            body["seed"] = params.seed + index
         if isinstance(prompt, str):
             raise BadInput("prompts are token-id lists or chat messages")
+        if params.seed is not None:
+            body["seed"] = request_seed(params, index, prompt)
         prompt = list(prompt)
         if prompt and isinstance(prompt[0], dict):
             return "/chat/completions", {**body, "messages": prompt, "logprobs": True}

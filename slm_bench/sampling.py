@@ -15,7 +15,8 @@ from .core import BadInput
 
 # %% auto #0
 __all__ = ['Prompt', 'SamplingParams', 'Completion', 'Sampler', 'encode_prompt', 'check_prompts', 'default_stop_ids',
-           'decode_continuation', 'finish_text', 'prompt_generators', 'sample_from_logits', 'HFSampler']
+           'decode_continuation', 'finish_text', 'prompt_generators', 'PromptNoise', 'content_key', 'counter_uniform',
+           'SampleNoise', 'request_seed', 'make_noise', 'sample_from_logits', 'HFSampler']
 
 # %% ../nbs/15_sampling.ipynb #151844ab
 @dataclass
@@ -29,10 +30,18 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # None: the tokenizer's EOS and <|im_end|>
     stop: list[str] = field(default_factory=list)  # stop strings (not included in `text`)
     seed: int | None = 0
+    # seed each sample from (seed, prompt token ids, sample index) instead of the prompt's position in the call:
+    # sample j of a prompt is then the same draw however prompts are batched or the n samples are split
+    content_seeds: bool = False
+    first_sample: int = 0  # with content_seeds: the n samples are samples first_sample .. first_sample + n - 1
 
     def __post_init__(self):
         if self.n < 1:
             raise BadInput(f"n must be at least 1, got {self.n}")
+        if self.first_sample < 0 or (self.first_sample and not self.content_seeds):
+            raise BadInput(f"first_sample ({self.first_sample}) must be >= 0 and needs content_seeds=True")
+        if self.content_seeds and self.seed is None:
+            raise BadInput("content_seeds needs a seed (got seed=None)")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 0:
             raise BadInput(f"invalid sampling parameters: temperature {self.temperature} (>= 0), top_p {self.top_p} (in (0, 1]), "
                            f"top_k {self.top_k} (>= 0), max_new_tokens {self.max_new_tokens} (>= 0)")
@@ -123,8 +132,91 @@ def prompt_generators(seed: int | None, prompt_indices: Sequence[int]) -> list[t
     return [torch.Generator().manual_seed((seed * 1_000_003 + i) % 2**63) for i in prompt_indices]
 
 
-def sample_from_logits(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    "Sampled token per row (rows grouped by prompt, one generator per group) and its log-probability under the unmodified model distribution."
+class PromptNoise:
+    "Gumbel-max draws with one torch generator per prompt (rows grouped by prompt); `seed=None` uses the global RNG."
+
+    def __init__(self, seed: int | None, prompt_indices: Sequence[int]):
+        self.generators = prompt_generators(seed, prompt_indices)
+
+    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.generators is None:
+            noise = torch.rand(scores.shape)
+        else:
+            per = scores.shape[0] // len(self.generators)
+            noise = torch.cat([torch.rand((per, scores.shape[-1]), generator=g) for g in self.generators])
+        noise = noise.to(scores.device)
+        return (scores - torch.log(-torch.log(noise.clamp_min(1e-20)))).argmax(dim=-1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    "(x * c) mod 2**32 for int64 tensors holding 32-bit values, without ever overflowing int64."
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    "A bijective 32-bit integer hash (Wellons' lowbias32)."
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def content_key(seed: int, prompt: Prompt) -> int:
+    "A 62-bit key naming (seed, prompt): token ids, or chat messages for backends that take them."
+    import hashlib
+    import json
+
+    items = [dict(m) if isinstance(m, dict) else int(m) for m in prompt]
+    digest = hashlib.blake2b(json.dumps([int(seed), items], sort_keys=True).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def counter_uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
+    "Uniform (0, 1) numbers, one per key (int64 tensor of 62-bit keys), a pure function of (key, step)."
+    h = _mix32(_mix32(keys >> 31 & 0x7FFFFFFF) ^ (keys & 0x7FFFFFFF))
+    h = _mix32(h ^ _mix32(torch.full_like(keys, step & _M32)))
+    return ((h >> 8).double() + 0.5) / 2**24
+
+
+class SampleNoise:
+    "Inverse-CDF draws from one counter-based uniform per (prompt content, sample index, step); rows are prompt-major."
+
+    def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0):
+        self.keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
+        self.step = 0
+
+    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+        u = counter_uniform(self.keys, self.step).to(scores.device)
+        self.step += 1
+        cdf = scores.double().softmax(dim=-1).cumsum(dim=-1)
+        cdf = cdf / cdf[:, -1:]  # guard against rounding: the last entry is exactly 1
+        return torch.searchsorted(cdf, u[:, None]).clamp_max(scores.shape[-1] - 1)[:, 0]
+
+
+def request_seed(params: SamplingParams, index: int, prompt: Prompt) -> int | None:
+    """The one seed a backend that takes a seed per request (vLLM, HTTP) gets for a prompt: the call's seed plus the
+    prompt's position, or with `content_seeds` a hash of (seed, prompt ids, first_sample) — deterministic per prompt
+    content, though only the HF backend makes each *sample* a pure function of its index."""
+    if params.seed is None:
+        return None
+    if params.content_seeds:
+        return (content_key(params.seed, prompt) + params.first_sample) % 2**31
+    return params.seed + index
+
+
+def make_noise(params: SamplingParams, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int]):
+    "The noise source for one batch of prompts (their token ids and their positions in the call)."
+    if params.content_seeds:
+        return SampleNoise(params.seed, prompts, params.n, params.first_sample)
+    return PromptNoise(params.seed, prompt_indices)
+
+
+def sample_from_logits(logits: torch.Tensor, params: SamplingParams, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Sampled token per row (drawn by `noise`, a `PromptNoise` or `SampleNoise`; None: global RNG) and its log-probability under the unmodified model distribution."
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1)
     if params.temperature == 0:
@@ -139,13 +231,7 @@ def sample_from_logits(logits: torch.Tensor, params: SamplingParams, generators:
             probs = sorted_scores.softmax(dim=-1)
             drop = probs.cumsum(dim=-1) - probs > params.top_p  # keep the smallest prefix reaching top_p
             scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
-        if generators is None:
-            noise = torch.rand(scores.shape)
-        else:
-            per = scores.shape[0] // len(generators)
-            noise = torch.cat([torch.rand((per, scores.shape[-1]), generator=g) for g in generators])
-        noise = noise.to(scores.device)
-        tokens = (scores - torch.log(-torch.log(noise.clamp_min(1e-20)))).argmax(dim=-1)
+        tokens = (noise or PromptNoise(None, [])).pick(scores)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 # %% ../nbs/15_sampling.ipynb #335e1e10
@@ -235,8 +321,8 @@ class HFSampler:
         run = self._generate_lean if self.mode == "lean" else self._generate_hf
         bar = tqdm(total=len(token_prompts), desc=f"sampling ({self.mode})", unit="prompt", disable=not self.progress)
         for batch in batches:
-            generators = prompt_generators(params.seed, batch)
-            for i, completions in zip(batch, run([token_prompts[i] for i in batch], params, generators)):
+            batch_prompts = [token_prompts[i] for i in batch]
+            for i, completions in zip(batch, run(batch_prompts, params, make_noise(params, batch_prompts, batch))):
                 results[i] = completions
             bar.update(len(batch))
         bar.close()
@@ -274,7 +360,7 @@ class HFSampler:
         tail = decode_continuation(self.tokenizer, tokens[-window - 1:-window] if len(tokens) > window else [], tokens[-window:])
         return any(s in tail for s in params.stop)
 
-    def _generate_lean(self, prompts: list[list[int]], params: SamplingParams, generators) -> list[list[Completion]]:
+    def _generate_lean(self, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
         n, B = params.n, len(prompts)
         N = B * n
         stop_ids = default_stop_ids(self.tokenizer, params)
@@ -294,7 +380,7 @@ class HFSampler:
         active = torch.ones(N, dtype=torch.bool, device=self.device)
         window = max((len(s) for s in params.stop), default=0) + 8
         for t in range(max_new):
-            token, logprob = sample_from_logits(logits, params, generators)
+            token, logprob = sample_from_logits(logits, params, noise)
             token_list, logprob_list, active_list = token.tolist(), logprob.tolist(), active.tolist()
             for r in range(N):
                 if not active_list[r]:
@@ -313,7 +399,7 @@ class HFSampler:
             logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
         return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
 
-    def _generate_hf(self, prompts: list[list[int]], params: SamplingParams, generators) -> list[list[Completion]]:
+    def _generate_hf(self, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
         from transformers import LogitsProcessor, LogitsProcessorList
 
         n = params.n
@@ -328,7 +414,7 @@ class HFSampler:
         class Draw(LogitsProcessor):
             "Replace generate's sampling by ours: the chosen token gets +inf, everything else -inf; log-probs recorded."
             def __call__(self, input_ids, scores):
-                token, logprob = sample_from_logits(scores, params, generators)
+                token, logprob = sample_from_logits(scores, params, noise)
                 recorded.append(torch.stack([token.float(), logprob], dim=-1))
                 forced = torch.full_like(scores, float("-inf"))
                 return forced.scatter(-1, token[:, None], 0.0)

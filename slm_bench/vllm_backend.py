@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .core import BadInput
-from .sampling import Completion, Prompt, SamplingParams, check_prompts, default_stop_ids, encode_prompt
+from .sampling import Completion, Prompt, SamplingParams, check_prompts, default_stop_ids, encode_prompt, request_seed
 
 # %% auto #0
 __all__ = ['VLLMSampler']
@@ -43,7 +43,7 @@ class VLLMSampler:
         if params.max_new_tokens == 0:
             return [[Completion([], "", [], "length") for _ in range(params.n)] for _ in token_prompts]
         requests = [{"prompt_token_ids": ids} for ids in token_prompts]
-        sampling = [self._params(params, None if params.seed is None else params.seed + i) for i in range(len(requests))]
+        sampling = [self._params(params, request_seed(params, i, ids)) for i, ids in enumerate(token_prompts)]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         results = []
         for output in outputs:

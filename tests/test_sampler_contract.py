@@ -173,3 +173,32 @@ def test_completion_text_keeps_its_leading_space(sampler, reference):
     full = tok.decode(p + c.token_ids, skip_special_tokens=True)
     head = tok.decode(p, skip_special_tokens=True)
     assert c.text == full[len(head):] and c.text.startswith(" "), (c.text, full)
+
+
+def test_content_seeds_make_a_sample_independent_of_its_batch(sampler, reference):
+    "With content_seeds a prompt's samples depend on its tokens, not on its position or its neighbours."
+    prompts = [prompt(reference, f"Tom has {a} apples and buys") for a in (3, 11, 25)]
+    params = SamplingParams(n=3, max_new_tokens=8, seed=5, content_seeds=True)
+    together = sampler.generate(prompts, params)
+    alone = sampler.generate(prompts[2:], params)
+    assert [c.token_ids for c in together[2]] == [c.token_ids for c in alone[0]]
+    other_seed = sampler.generate(prompts[2:], SamplingParams(n=3, max_new_tokens=8, seed=6, content_seeds=True))
+    assert [c.token_ids for c in other_seed[0]] != [c.token_ids for c in alone[0]]
+
+
+@pytest.mark.parametrize("mode", ["lean", "generate"])
+def test_content_seeded_sample_j_is_the_same_draw_however_requested(tiny_checkpoint, reference, mode):
+    "Sample j of a prompt: asked for among 7 at once, or as 5 + 2 with first_sample, by either HF path."
+    p = prompt(reference, "Tom has 9 apples and")
+    base = dict(max_new_tokens=12, seed=3, top_k=50, content_seeds=True)
+    all_seven = [c.token_ids for c in reference.generate([p], SamplingParams(n=7, **base))[0]]
+    sampler = HFSampler.from_checkpoint(tiny_checkpoint, mode=mode)
+    split = [c.token_ids for c in sampler.generate([p], SamplingParams(n=5, **base))[0]] + \
+        [c.token_ids for c in sampler.generate([p], SamplingParams(n=2, first_sample=5, **base))[0]]
+    assert split == all_seven
+    assert len({tuple(t) for t in all_seven}) > 1  # really sampled, not one repeated draw
+
+
+def test_first_sample_needs_content_seeds():
+    with pytest.raises(BadInput, match="content_seeds"):
+        SamplingParams(first_sample=3)
