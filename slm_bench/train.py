@@ -111,15 +111,25 @@ class CausalLM:
 
 # %% ../nbs/13_train.ipynb #0df78283
 class PackedRows:
-    "Packed rows (from `pack`) as tensors, served as micro-batches in a seeded, resumable order."
+    "Packed rows (from `pack`, or any row tensors) served as micro-batches in a seeded, resumable order."
 
-    def __init__(self, rows: list[dict], micro_batch_size: int, seed: int = 0):
-        if len(rows) < micro_batch_size:
-            raise BadInput(f"only {len(rows)} packed rows for micro_batch_size {micro_batch_size}: add data or shrink the batch")
-        self.tensors = {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
+    def __init__(self, rows: list[dict], micro_batch_size: int, seed: int = 0, tensors: dict | None = None):
+        if tensors is None:
+            tensors = {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
+        count = len(tensors["input_ids"])
+        if count < micro_batch_size:
+            raise BadInput(f"only {count} rows for micro_batch_size {micro_batch_size}: add data or shrink the batch")
+        if any(len(v) != count for v in tensors.values()):
+            raise BadInput("every tensor needs one entry per row")
+        self.tensors = tensors
         self.micro_batch_size, self.seed = micro_batch_size, seed
         self.per_epoch = len(rows) // micro_batch_size
         self._order: tuple[int, torch.Tensor] | None = None
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, micro_batch_size: int, seed: int = 0) -> "PackedRows":
+        "Rows given as tensors with one entry per row (any keys, `input_ids` among them), e.g. DPO pairs."
+        return cls([], micro_batch_size, seed, tensors=tensors)
 
     def __len__(self) -> int:
         return len(self.tensors["input_ids"])

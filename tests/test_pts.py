@@ -1,0 +1,267 @@
+"""Pivotal Token Search: exact answers on a chain with planted pivots, a real tiny model against a brute-force scan, the memo on disk."""
+import json
+import math
+import re
+
+import pytest
+
+from slm_bench.core import BadInput
+from slm_bench.pts import (ChainOracle, ChainSampler, ChainWorld, Estimator, ProbabilityMemo, PTSConfig, PrefixStats, Question,
+                           SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search, planted_pivots,
+                           scan_every_prefix, trl_records)
+
+SYMBOLS = "ab+-dABCDEF"
+FILLER = {"a": (0.7, 0), "b": (0.3, 0)}
+
+
+def _steps(special, length=12):
+    return [special.get(i, FILLER) for i in range(length)]
+
+
+# Every exact step is either >= 0.45 or <= 0.1 away from zero, so with 256 rollouts the planted pivots are far from p_gap = 0.2.
+WORLDS = {
+    "A": ChainWorld(_steps({4: {"+": (0.5, 2), "-": (0.5, -2)}, 8: {"a": (0.9, 0), "d": (0.1, -1)}}), 1),  # one pivot; a no-op rare token
+    "B": ChainWorld(_steps({2: {"+": (0.9, 2), "-": (0.1, -2)}, 7: {"+": (0.9, 2), "-": (0.1, -2)}}), 3),  # '+' moves p by 0.09 / 0.1: not pivotal
+    "C": ChainWorld(_steps({3: {"+": (0.5, 2), "-": (0.5, -2)}, 8: {"a": (0.9, 0), "d": (0.1, -3)}}), 0),  # a rare late pivot
+    "D": ChainWorld(_steps({}), 0),  # always right
+    "E": ChainWorld(_steps({}), 5),  # always wrong
+    "F": ChainWorld(_steps({5: {"+": (0.95, 2), "-": (0.05, -2)}}), 1),  # p = 0.95: outside [0.2, 0.8]
+}
+
+
+@pytest.fixture
+def chain():
+    sampler = ChainSampler(WORLDS, SYMBOLS)
+    questions = [Question(name, [1, SYMBOLS.index(name) + 2]) for name in WORLDS]
+    return sampler, ChainOracle(sampler), questions
+
+
+def _config(**kw):
+    return PTSConfig(**{"rollouts": 256, "max_new_tokens": 20, "solutions_per_question": 4, "question_range": (0.2, 0.85), **kw})
+
+
+def test_the_chain_knows_its_probabilities(chain):
+    sampler, _, _ = chain
+    tok = sampler.tokenizer
+    ids = lambda text: [SYMBOLS.index(c) + 2 for c in text]
+    assert WORLDS["A"].p(tok, []) == pytest.approx(0.5)
+    assert WORLDS["A"].p(tok, ids("aaaa+")) == 1.0 and WORLDS["A"].p(tok, ids("aaaa-")) == 0.0
+    assert WORLDS["B"].p(tok, []) == pytest.approx(0.81) and WORLDS["B"].p(tok, ids("aa+")) == pytest.approx(0.9)
+    assert WORLDS["C"].p(tok, ids("aaa+")) == pytest.approx(0.9) and WORLDS["C"].p(tok, ids("aaa+aaaad")) == 0.0
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_pts_finds_exactly_the_planted_pivots(chain, adaptive):
+    sampler, oracle, questions = chain
+    result = pivotal_token_search(sampler, oracle, questions, _config(adaptive=adaptive, adaptive_step=16))
+    assert result.counts["all_right"] == 1 and result.counts["all_wrong"] == 1  # D and E: skipped, counted
+    assert result.counts["out_of_range"] == 1  # F
+    assert {s.question.id for s in result.searches} == {"A", "B", "C"}
+    assert len(result.searches) == 12
+    for search in result.searches:
+        planted = planted_pivots(sampler, search.question, search.tokens, 0.2)
+        assert [p.position for p in search.pivots] == [i for i, _ in planted], sampler.tokenizer.decode(search.tokens)
+        for pivot, (_, exact_delta) in zip(search.pivots, planted):
+            assert pivot.delta == pytest.approx(exact_delta, abs=0.15)
+    assert result.counts["pivots"] >= 6
+
+
+def test_adaptive_estimation_uses_fewer_rollouts_for_the_same_pivots(chain):
+    sampler, oracle, questions = chain
+    fixed = pivotal_token_search(sampler, oracle, questions, _config())
+    adaptive = pivotal_token_search(sampler, oracle, questions, _config(adaptive=True, adaptive_step=16))
+    assert [[p.position for p in s.pivots] for s in fixed.searches] == [[p.position for p in s.pivots] for s in adaptive.searches]
+    assert adaptive.counts["rollouts_sampled"] < fixed.counts["rollouts_sampled"]
+
+
+def test_breadth_first_search_equals_the_recursive_subdivide(chain):
+    "The paper's recursion, run on the same memoised estimates, gives the same segments (and never needs a new estimate)."
+    sampler, oracle, questions = chain
+    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))
+    memo = result.estimator.memo
+
+    def p(search, i):
+        stats = memo.known(search.question.id, search.question.prompt_ids + search.tokens[:i])
+        assert stats is not None and stats.trials, f"the recursion needs p at prefix {i}, which the search never estimated"
+        return stats.p
+
+    def subdivide(search, i, j):
+        if j - i == 1 or abs(p(search, i) - p(search, j)) < 0.2:
+            return [(i, j)]
+        m = search.split_point(i, j, "logprob")
+        return subdivide(search, i, m) + subdivide(search, m, j)
+
+    for search in result.searches:
+        assert [(i, j) for i, j, _ in search.leaves] == subdivide(search, 0, len(search.tokens))
+
+
+def test_pairs_follow_phi4(chain):
+    sampler, oracle, questions = chain
+    result = pivotal_token_search(sampler, oracle, questions, _config())
+    assert result.pairs and result.counts["pairs"] + result.counts["pivots_without_pair"] == result.counts["pivots"]
+    searches = {(s.question.id, tuple(s.question.prompt_ids + s.tokens[:p.position])): (s, p) for s in result.searches for p in s.pivots}
+    for pair in result.pairs:
+        search, pivot = searches[(pair.question_id, tuple(pair.prompt_ids))]
+        assert pair.prompt_ids == search.question.prompt_ids + search.tokens[:pivot.position]  # Q + prefix, as ids
+        assert pair.p_chosen - pair.p_rejected >= 0.2
+        if pivot.delta > 0:
+            assert pair.chosen == pivot.token and pair.pivot_is == "chosen"
+        else:
+            assert pair.rejected == pivot.token and pair.pivot_is == "rejected"
+        alternative = pair.rejected if pair.pivot_is == "chosen" else pair.chosen
+        assert alternative in result.estimator.stats(search.question, search.tokens[:pivot.position]).next_tokens  # drawn in its rollouts
+        world = WORLDS[pair.question_id]
+        exact = lambda token: world.p(sampler.tokenizer, pair.prompt_ids[2:] + [token])
+        assert exact(pair.chosen) - exact(pair.rejected) >= 0.2
+    records = pair_records(result.pairs, sampler.tokenizer)
+    assert records[0]["chosen_ids"] == [result.pairs[0].chosen] and records[0]["chosen_text"] in SYMBOLS
+    assert set(trl_records(records)[0]) == {"prompt", "chosen", "rejected"}
+
+
+def test_split_points():
+    search = SolutionSearch(Question("q", [1]), [5, 6, 7, 8, 9, 10], [-0.01, -3.0, -0.01, -0.01, -1.0, -1.0], True)
+    # surprisal 0.01, 3, 0.01, 0.01, 1, 1: total 5.03, half 2.515 is reached after the second token
+    assert search.split_point(0, 6, "logprob") == 2
+    assert search.split_point(2, 6, "logprob") == 5  # 0.01, 0.01, 1 | 1 : half of 2.02 is reached at the fifth token
+    assert search.split_point(0, 6, "index") == 3
+    assert search.split_point(0, 2, "logprob") == 1  # both halves non-empty
+    certain = SolutionSearch(Question("q", [1]), [5, 6, 7, 8], [0.0] * 4, True)
+    assert certain.split_point(0, 4, "logprob") == 2  # no surprisal at all: the middle
+
+
+def test_clopper_pearson_and_the_decision_rule():
+    assert clopper_pearson(0, 20, 0.1) == (0.0, pytest.approx(1 - 0.05 ** (1 / 20)))
+    lo, hi = clopper_pearson(3, 10, 0.05)
+    assert lo == pytest.approx(0.066739, abs=1e-5) and hi == pytest.approx(0.652453, abs=1e-5)  # textbook values
+    config = PTSConfig(adaptive=True, rollouts=64, adaptive_step=8, delta=0.05)
+    assert compare(PrefixStats(8, 8), PrefixStats(8, 0), config, final=False) == "open"  # 8 vs 8 cannot settle it yet
+    assert compare(PrefixStats(32, 32), PrefixStats(32, 0), config, final=False) == "above"
+    assert compare(PrefixStats(64, 32), PrefixStats(64, 33), config, final=False) == "open"
+    assert compare(PrefixStats(64, 32), PrefixStats(64, 33), config, final=True) == "below"
+    assert compare(PrefixStats(1, 1, exact=True), PrefixStats(1, 1, exact=True), config, final=False) == "below"
+    fixed = PTSConfig(rollouts=16)
+    assert compare(PrefixStats(16, 8), PrefixStats(16, 12), fixed, final=False) == "above"  # 0.25 >= 0.2 on the point estimates
+    assert compare(PrefixStats(16, 8), PrefixStats(16, 11), fixed, final=False) == "below"
+
+
+def test_adaptive_error_rate_is_at_most_delta():
+    "Brute force on the bound: simulated comparisons, many near the p_gap edge; early decisions are wrong at most δ of the time."
+    import random
+
+    rng = random.Random(0)
+    config = PTSConfig(adaptive=True, rollouts=256, adaptive_step=16, delta=0.1)
+    wrong = early = 0
+    for trial in range(200):
+        pa = rng.choice([0.0, 0.03, 0.1, 0.9, 0.97, 1.0])
+        pb = min(1.0, max(0.0, pa + rng.choice([-1, 1]) * rng.choice([0.0, 0.05, 0.15, 0.25, 0.35, 0.8])))
+        a, b = PrefixStats(), PrefixStats()
+        while True:
+            for stats, p in ((a, pa), (b, pb)):
+                for _ in range(16):
+                    stats.add([], rng.random() < p, True, 0)
+            decision = compare(a, b, config, final=a.trials >= 256)
+            if decision != "open":
+                break
+        if a.trials < 256:
+            early += 1
+            wrong += decision != ("above" if abs(pb - pa) >= 0.2 else "below")
+    assert early > 60 and wrong / early <= 0.1, (early, wrong)
+
+
+def test_memo_is_reused_and_corruption_is_detected(chain, tmp_path):
+    sampler, oracle, questions = chain
+    config = _config(rollouts=32)
+    path = tmp_path / "memo.jsonl"
+    fingerprint = {"model": "chain", **config.estimate_fingerprint(), "oracle": oracle.name}
+    first = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint))
+    assert first.counts["rollouts_sampled"] > 0
+    again = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint))
+    assert again.counts["rollouts_sampled"] == 0  # every estimate came from the memo
+    assert [[p.position for p in s.pivots] for s in again.searches] == [[p.position for p in s.pivots] for s in first.searches]
+
+    lines = path.read_text().splitlines()
+    tampered = json.loads(lines[3])
+    tampered["stats"]["successes"] = 0  # a plausible-looking edit: only the line's hash gives it away
+    lines[3] = json.dumps(tampered)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match="line 4 does not match its hash"):
+        memo = ProbabilityMemo(path, fingerprint)
+    assert memo.entries == {} and (tmp_path / "memo.jsonl.corrupt").exists()
+    rebuilt = pivotal_token_search(sampler, oracle, questions, config, memo=memo)
+    assert rebuilt.counts["rollouts_sampled"] == first.counts["rollouts_sampled"]
+    assert [[p.position for p in s.pivots] for s in rebuilt.searches] == [[p.position for p in s.pivots] for s in first.searches]
+
+    path.write_text(path.read_text()[:-40])  # a torn last line
+    with pytest.warns(UserWarning, match="unreadable|hash"):
+        assert ProbabilityMemo(path, fingerprint).entries == {}
+    with pytest.warns(UserWarning, match="different model"):
+        ProbabilityMemo(tmp_path / "memo.jsonl.corrupt", {**fingerprint, "model": "another"})
+
+
+def test_too_long_solutions_are_skipped(chain):
+    sampler, oracle, questions = chain
+    sampler.max_context = 10  # prompt (2) + solution (13) does not fit
+    result = pivotal_token_search(sampler, oracle, questions[:3], _config(rollouts=32))
+    assert result.searches == [] and result.counts["too_long"] > 0
+
+
+def test_bad_settings_are_clear_errors(chain):
+    sampler, oracle, questions = chain
+    with pytest.raises(BadInput, match="split"):
+        PTSConfig(split="middle")
+    with pytest.raises(BadInput, match="p_gap"):
+        PTSConfig(p_gap=0)
+    with pytest.raises(BadInput, match="unique"):
+        pivotal_token_search(sampler, oracle, questions[:1] * 2, _config(rollouts=8))
+
+
+# -- a real (tiny) model ---------------------------------------------------------------------------------------
+
+class ApplesOracle:
+    "Correct when the model finishes a well-formed 'Tom has a apples and buys b more, so he has c apples.' with c < 20."
+    name = "apples"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def judge(self, items):
+        out = []
+        for question, ids in items:
+            text = self.tokenizer.decode(question.prompt_ids + ids, skip_special_tokens=True)
+            m = re.search(r"Tom has (\d+) apples and buys (\d+) more, so he has (\d+) apples\.", text)
+            out.append(bool(m) and int(m[3]) < 20)
+        return out
+
+
+def test_on_a_tiny_model_every_reported_pivot_is_pivotal_in_a_brute_force_scan(tiny_checkpoint):
+    from slm_bench.sampling import HFSampler
+
+    sampler = HFSampler.from_checkpoint(tiny_checkpoint)
+    tok = sampler.tokenizer
+    oracle = ApplesOracle(tok)
+    questions = [Question(str(a), tok(f"Tom has {a} apples and buys")["input_ids"]) for a in range(8, 22)]
+    config = PTSConfig(rollouts=48, max_new_tokens=24)
+    result = pivotal_token_search(sampler, oracle, questions, config)
+    assert len(result.searches) >= 5 and result.counts["pivots"] >= 5
+    # the same rollouts, drawn prefix by prefix: the batched, memoised search agrees with a plain scan exactly
+    same_n, _ = scan_every_prefix(sampler, oracle, result.searches, 48, config)
+    for search, scan in zip(result.searches, same_n):
+        assert set(p.position for p in search.pivots) <= set(scan.pivots)
+        for pivot in search.pivots:
+            assert scan.p[pivot.position] == pivot.p_before and scan.p[pivot.position + 1] == pivot.p_after
+    # many more rollouts per prefix: every reported pivot is pivotal within sampling error
+    scans, _ = scan_every_prefix(sampler, oracle, result.searches, 256, config)
+    for search, scan in zip(result.searches, scans):
+        for pivot in search.pivots:
+            def se(p, n):
+                return math.sqrt(max(p * (1 - p), 1 / n) / n)
+            i = pivot.position
+            slack = 3 * math.sqrt(se(pivot.p_before, pivot.rollouts_before) ** 2 + se(pivot.p_after, pivot.rollouts_after) ** 2
+                                  + se(scan.p[i], scan.trials[i]) ** 2 + se(scan.p[i + 1], scan.trials[i + 1]) ** 2)
+            assert abs(scan.p[i + 1] - scan.p[i]) >= 0.2 - slack, (tok.decode(search.tokens), i)
+            assert (scan.p[i + 1] - scan.p[i]) * pivot.delta > 0  # same direction
+    searched_rollouts = sum(result.estimator.stats(s.question, s.tokens[:i]).trials
+                            for s in result.searches for i in range(len(s.tokens)) if i)  # prefixes beyond the screening
+    brute_same_n = sum(48 for s in result.searches for i in range(1, len(s.tokens)))
+    print(f"searches {len(result.searches)}, pivots {result.counts['pivots']}, rollouts beyond screening: PTS {searched_rollouts}, every prefix {brute_same_n}")
+    assert searched_rollouts * 2 <= brute_same_n  # far fewer than scanning every prefix at the same N
