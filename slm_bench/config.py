@@ -201,7 +201,10 @@ PROFILES: dict[str, Profile] = {
              "evaluate.test_problems": 24, "evaluate.samples": 4, "evaluate.k": 4, "evaluate.real_sets": {"gsm8k": 8, "svamp": 8},
              "evaluate.max_new_tokens": 96, "verifier.max_new_tokens": 96,
              "grid.small_sft_steps": 10, "grid.small_verifier_questions": 12, "grid.small_verifier_steps": 5, "grid.test_problems": 12,
-             "grid.samples": 2, "grid.micro_batch_size": 8, "grid.max_new_tokens": 64},
+             "grid.samples": 2, "grid.micro_batch_size": 8, "grid.max_new_tokens": 64,
+             "pts.questions": 24, "pts.rollouts": 8, "pts.question_low": 0.0, "pts.question_high": 1.0, "pts.max_new_tokens": 96,
+             "dpo.steps": 4, "dpo.micro_batch_size": 4, "dpo.warmup_steps": 1, "dpo.test_problems": 12, "dpo.samples": 2,
+             "dpo.max_new_tokens": 96},
         ),
         Profile(
             "gpu",

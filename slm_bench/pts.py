@@ -19,10 +19,10 @@ from .sampling import SamplingParams
 from .store import atomic_write_text, sha256_json
 
 # %% auto #0
-__all__ = ['PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'PrefixStats', 'ProbabilityMemo', 'clopper_pearson', 'compare',
-           'Estimator', 'Pivot', 'SolutionSearch', 'search_all', 'PivotPair', 'build_pairs', 'PTSResult',
-           'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records', 'trl_records', 'ChainTokenizer',
-           'ChainWorld', 'ChainSampler', 'ChainOracle', 'planted_pivots']
+__all__ = ['PAPER_PHI4_TABLE9', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'PrefixStats', 'ProbabilityMemo',
+           'clopper_pearson', 'compare', 'Estimator', 'Pivot', 'SolutionSearch', 'search_all', 'PivotPair',
+           'build_pairs', 'PTSResult', 'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records',
+           'trl_records', 'ChainTokenizer', 'ChainWorld', 'ChainSampler', 'ChainOracle', 'planted_pivots']
 
 # %% ../nbs/29_pts.ipynb #4c069e1d
 @dataclass
@@ -168,6 +168,8 @@ class ProbabilityMemo:
                     self._rewrite()
                 return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.status == "in memory":
+            self.status = "new"
         self._rewrite()
 
     def _load(self, lines: list[str]) -> str | None:
@@ -267,7 +269,13 @@ class Estimator:
         self.sampler, self.oracle, self.config = sampler, oracle, config
         self.memo = memo if memo is not None else ProbabilityMemo(None, {})
         self.judged: dict[tuple[str, tuple[int, ...]], bool] = {}
+        self.consulted: set[tuple[str, tuple[int, ...]]] = set()  # prefixes whose estimates were asked for
         self.rollouts_sampled = self.sampler_calls = self.programs_judged = 0
+
+    @property
+    def rollouts_used(self) -> int:
+        "Rollouts behind every estimate asked for, whether sampled now or found in the memo."
+        return sum(self.memo.entries[k].trials for k in self.consulted if not self.memo.entries[k].exact)
 
     def stats(self, question: Question, prefix: Sequence[int]) -> PrefixStats:
         return self.memo.get(question.id, list(question.prompt_ids) + list(prefix))
@@ -324,6 +332,7 @@ class Estimator:
 
     def ensure(self, requests: list[tuple[Question, tuple[int, ...], int]]) -> None:
         "At least `target` rollouts for each (question, prefix, target)."
+        self.consulted.update((q.id, tuple(list(q.prompt_ids) + list(p))) for q, p, _ in requests)
         self.sample([(q, p, max(0, target - self.stats(q, p).trials)) for q, p, target in requests])
 
 # %% ../nbs/29_pts.ipynb #52fcf20a
@@ -537,7 +546,7 @@ def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question],
     pairs, unpaired = build_pairs(searches, estimator, config)
     counts.update(searched_questions=len({s.question.id for s in searches}), solutions=len(searches),
                   pivots=sum(len(s.pivots) for s in searches), pairs=len(pairs), pivots_without_pair=unpaired,
-                  rollouts_sampled=estimator.rollouts_sampled, sampler_calls=estimator.sampler_calls,
+                  rollouts_sampled=estimator.rollouts_sampled, rollouts_used=estimator.rollouts_used, sampler_calls=estimator.sampler_calls,
                   programs_judged=estimator.programs_judged, seconds=round(time.perf_counter() - started, 3))
     return PTSResult(config, searches, pairs, counts, screened, estimator)
 
@@ -685,3 +694,10 @@ def planted_pivots(sampler: ChainSampler, question: Question, tokens: Sequence[i
     world = sampler.worlds[sampler.tokenizer.symbols[question.prompt_ids[1] - 2]]
     exact = [world.p(sampler.tokenizer, tokens[:i]) for i in range(len(tokens) + 1)]
     return [(i, exact[i + 1] - exact[i]) for i in range(len(tokens)) if abs(exact[i + 1] - exact[i]) >= p_gap]
+
+# %% ../nbs/29_pts.ipynb #789a2ab9
+PAPER_PHI4_TABLE9 = {
+    "SFT": {"MMLU": 82.8, "GPQA": 47.3, "MATH": 77.1, "HumanEval": 79.5, "MGSM": 80.8, "MMLUPro": 61.9, "ArenaHard": 56.7, "IFEval": 66.2},
+    "DPO stage 1 (PTS)": {"MMLU": 84.8, "GPQA": 53.6, "MATH": 80.5, "HumanEval": 81.6, "MGSM": 80.8, "MMLUPro": 70.0, "ArenaHard": 66.5,
+                          "IFEval": 63.0},
+}

@@ -123,7 +123,7 @@ class PackedRows:
             raise BadInput("every tensor needs one entry per row")
         self.tensors = tensors
         self.micro_batch_size, self.seed = micro_batch_size, seed
-        self.per_epoch = len(rows) // micro_batch_size
+        self.per_epoch = count // micro_batch_size
         self._order: tuple[int, torch.Tensor] | None = None
 
     @classmethod
