@@ -152,6 +152,7 @@ BENCHMARKS = {
     "sampler": ("slm_bench.benchmarks:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s"),
     "train": ("slm_bench.benchmarks:bench_train", "training engine against a bare PyTorch loop, tokens/s"),
     "sandbox": ("slm_bench.benchmarks:bench_sandbox", "sandbox pool against one fresh `python -c` per program, programs/s"),
+    "pts": ("slm_bench.pts_bench:bench_pts", "Pivotal Token Search against the open implementation's approach and a brute-force scan (needs `make run`)"),
 }
 
 

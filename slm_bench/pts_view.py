@@ -77,12 +77,15 @@ def plot_curve(record: dict, ax=None, point: int | None = None, max_labels: int 
 
 
 def curves_figure(records: Sequence[dict], limit: int = 4):
-    "A static figure of up to `limit` searches with pivots (for the report)."
+    "A static figure of up to `limit` searches, those with pivots first (for the report); a note when there are none."
     import matplotlib.pyplot as plt
 
     chosen = [r for r in records if r["pivots"]][:limit] or list(records[:limit])
-    if not chosen:
-        raise BadInput("no PTS searches to draw")
+    if not chosen:  # still a figure, saying why: the report shows it in place of the curves
+        fig, ax = plt.subplots(figsize=(8, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no solution was searched: no question had p(success) inside the question range", ha="center", va="center")
+        return fig
     fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 3.4 * len(chosen)), squeeze=False)
     for record, ax in zip(chosen, axes[:, 0]):
         plot_curve(record, ax)
@@ -117,14 +120,17 @@ class PTSCurveWidget:
         self.output = widgets.Output()
         self.rollouts = widgets.HTML()
         self.question.observe(self._on_question, names="value")
-        self.point.observe(lambda _: self.redraw(), names="value")
+        self._quiet = False
+        self.point.observe(lambda _: None if self._quiet else self.redraw(), names="value")
         self.widget = widgets.VBox([widgets.HBox([self.question, self.point]), self.output, self.rollouts])
-        self.redraw()
+        self._on_question(None)
 
     def _on_question(self, _):
         record = self.records[self.question.value]
+        self._quiet = True  # one redraw for the new question, not one per slider change
         self.point.max = len(record["pieces"])
         self.point.value = record["pivots"][0]["position"] if record["pivots"] else 0
+        self._quiet = False
         self.redraw()
 
     def redraw(self):

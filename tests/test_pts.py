@@ -265,3 +265,33 @@ def test_on_a_tiny_model_every_reported_pivot_is_pivotal_in_a_brute_force_scan(t
     brute_same_n = sum(48 for s in result.searches for i in range(1, len(s.tokens)))
     print(f"searches {len(result.searches)}, pivots {result.counts['pivots']}, rollouts beyond screening: PTS {searched_rollouts}, every prefix {brute_same_n}")
     assert searched_rollouts * 2 <= brute_same_n  # far fewer than scanning every prefix at the same N
+
+
+def test_probability_curve_widget_and_figure(chain):
+    "The view built from a real search: records survive JSON, the widget follows its controls, the static figure draws."
+    import json as _json
+
+    import matplotlib
+    matplotlib.use("agg")
+    from slm_bench.pts_view import PTSCurveWidget, curve_points, curves_figure, rollouts_html, search_records
+
+    sampler, oracle, questions = chain
+    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))
+    records = _json.loads(_json.dumps(search_records(result, sampler.tokenizer)))
+    assert len(records) == len(result.searches)
+    with_pivot = next(i for i, r in enumerate(records) if r["pivots"])
+    record, search = records[with_pivot], result.searches[with_pivot]
+    assert "".join(record["pieces"]) == sampler.tokenizer.decode(search.tokens)
+    xs, ps = curve_points(record)
+    assert xs[0] == 0 and xs[-1] == len(search.tokens) and all(0 <= p <= 1 for p in ps)
+    pivot = record["pivots"][0]
+    assert ps[xs.index(pivot["position"])] == pytest.approx(pivot["p_before"]) and ps[xs.index(pivot["position"] + 1)] == pytest.approx(pivot["p_after"])
+    widget = PTSCurveWidget(records)
+    widget.question.value = with_pivot
+    assert widget.point.value == pivot["position"] and widget.point.max == len(record["pieces"])
+    assert f"prefix of {pivot['position']} tokens" in widget.rollouts.value
+    widget.point.value = pivot["position"] + 1
+    assert f"p = {pivot['p_after']:.2f}" in widget.rollouts.value
+    assert "✓" in rollouts_html(record, 0) or "✗" in rollouts_html(record, 0)
+    figure = curves_figure(records, limit=2)
+    assert len(figure.axes) == 2 and "pivotal token" in figure.axes[0].get_title()

@@ -28,14 +28,15 @@ def read(path):
 def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     run_dir, reports, stdout = smoke_run
     summary = read(run_dir / "summary.json")
-    assert [s["name"] for s in summary["stages"]] == ["environment", "synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid"]
+    assert [s["name"] for s in summary["stages"]] == ["environment", "synth", "curate", "mixture", "pretrain", "sft", "verifier", "pts",
+                                                      "evaluate", "grid", "dpo"]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
-    for key in ("pretrain_pass@1", "sft_pass@1", "sft_maj@k", "sft_verify@N@1", "k", "N"):
+    for key in ("pretrain_pass@1", "sft_pass@1", "sft_maj@k", "sft_verify@N@1", "k", "N", "dpo_pass@1", "pivots", "pairs", "rollouts_used"):
         assert key in metrics, key
     assert metrics["k"] == 4 and metrics["N"] == 4
     index = (reports / "run" / "index.html").read_text()
-    assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid"))
+    assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid", "pts", "dpo"))
     grid = read(run_dir / "grid" / "grid.json")["grid"]
     assert {"small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver"} <= set(grid)
 
@@ -83,3 +84,36 @@ def test_training_stages_learn_and_save(smoke_run):
     assert sft["verify_minus_greedy"]["difference"] == pytest.approx(sft["verify@4@1"]["accuracy"] - sft["pass@1"]["accuracy"])
     assert sft["verify_minus_greedy"]["ci_low"] <= sft["verify_minus_greedy"]["difference"] <= sft["verify_minus_greedy"]["ci_high"]
     assert 0 <= sft["verifier_on_mixed"]["problems"] <= sft["problems"]
+
+
+def test_pts_and_dpo_stages(smoke_run):
+    "PTS screened its questions and accounted for every one; DPO trained on whatever pairs it found and compared with SFT."
+    run_dir, _, _ = smoke_run
+    pts = read(run_dir / "pts" / "metrics.json")
+    assert pts["questions_screened"] == 24
+    assert pts["skipped_all_wrong"] + pts["skipped_all_right"] + pts["skipped_out_of_range"] + pts["questions_searched"] <= 24
+    assert pts["rollouts_used"] >= 24 * 8 and pts["pairs"] + pts["pivots_without_pair"] == pts["pivots"]
+    pairs = [json.loads(line) for line in (run_dir / "pts" / "pairs.jsonl").read_text().splitlines()]
+    trl = [json.loads(line) for line in (run_dir / "pts" / "pairs_trl.jsonl").read_text().splitlines()]
+    assert len(pairs) == len(trl) == pts["pairs"]
+    for pair, text in zip(pairs, trl):
+        assert pair["p_chosen"] - pair["p_rejected"] >= 0.2 and len(pair["chosen_ids"]) == len(pair["rejected_ids"]) == 1
+        assert text["chosen"] == pair["chosen_text"] and text["prompt"] == pair["prompt_text"]
+    assert (run_dir / "cache" / "pts_memo.jsonl").is_file()
+    dpo = read(run_dir / "dpo" / "metrics.json")
+    results = read(run_dir / "dpo" / "results.json")
+    assert dpo["dpo_test_problems"] == 12 and set(results) == {"SFT", "DPO (PTS pairs)", "DPO - SFT"}
+    assert dpo["dpo_minus_sft"] == pytest.approx(dpo["dpo_pass@1"] - dpo["dpo_baseline_sft_pass@1"], abs=1e-3)
+    summary = read(run_dir / "summary.json")["metrics"]  # evaluate's keys keep their plain names next to the new stages
+    assert "sft_pass@1" in summary and "dpo_pass@1" in summary and "pts.pairs" not in summary
+
+
+def test_bench_pts_runs_on_a_run_folder(smoke_run):
+    "The benchmark's three methods on the smoke run's model: the open implementation's approach finds the same pivots as ours."
+    from slm_bench.pts_bench import bench_pts
+
+    run_dir, _, _ = smoke_run
+    result = bench_pts(str(run_dir), questions=6, rollouts=8, adaptive_rollouts=16, first_question=0)
+    assert result["same_solutions_searched"] and result["same_pivots_as_open_implementation"]
+    assert result["ours_pivots_found_by_brute_force"] == result["pivots"]["ours"]
+    assert result["rollouts_screening"] == 6 * 8 and result["ratio"] > 0
