@@ -270,6 +270,7 @@ class Estimator:
         self.memo = memo if memo is not None else ProbabilityMemo(None, {})
         self.judged: dict[tuple[str, tuple[int, ...]], bool] = {}
         self.consulted: set[tuple[str, tuple[int, ...]]] = set()  # prefixes whose estimates were asked for
+        self.decisions = {"early": 0, "at_cap": 0}  # adaptive: decided by the bound before the cap / by the point estimate at it
         self.rollouts_sampled = self.sampler_calls = self.programs_judged = 0
 
     @property
@@ -407,6 +408,9 @@ def _resolve(searches_segments, estimator: Estimator, config: PTSConfig) -> list
             a, b = estimator.stats(qa, pa), estimator.stats(qb, pb)
             exhausted = all(x.exact or x.trials >= config.rollouts for x in (a, b))
             decisions[n] = compare(a, b, config, final=exhausted)
+            if config.adaptive and decisions[n] != "open":
+                at_cap = exhausted and not (a.exact and b.exact) and compare(a, b, config, final=False) == "open"
+                estimator.decisions["at_cap" if at_cap else "early"] += 1
             if decisions[n] == "open":
                 for (q, p), x in ((qa, pa), a), ((qb, pb), b):
                     if not x.exact and x.trials < config.rollouts:
@@ -547,7 +551,8 @@ def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question],
     counts.update(searched_questions=len({s.question.id for s in searches}), solutions=len(searches),
                   pivots=sum(len(s.pivots) for s in searches), pairs=len(pairs), pivots_without_pair=unpaired,
                   rollouts_sampled=estimator.rollouts_sampled, rollouts_used=estimator.rollouts_used, sampler_calls=estimator.sampler_calls,
-                  programs_judged=estimator.programs_judged, seconds=round(time.perf_counter() - started, 3))
+                  programs_judged=estimator.programs_judged, adaptive_decisions_early=estimator.decisions["early"],
+                  adaptive_decisions_at_cap=estimator.decisions["at_cap"], seconds=round(time.perf_counter() - started, 3))
     return PTSResult(config, searches, pairs, counts, screened, estimator)
 
 # %% ../nbs/29_pts.ipynb #56d3b193

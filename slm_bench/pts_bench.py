@@ -159,6 +159,8 @@ def bench_pts(run_dir: str | None = None, questions: int = 48, rollouts: int = 1
                               "rollouts_search_fixed": fixed_big.counts["rollouts_sampled"] - adaptive_rollouts * len(qs),
                               "rollouts_search_adaptive": adaptive.counts["rollouts_sampled"] - adaptive_rollouts * len(qs),
                               "seconds_fixed": round(fixed_big_time, 2), "seconds_adaptive": round(adaptive_time, 2),
+                              "decisions_early": adaptive.counts["adaptive_decisions_early"],
+                              "decisions_at_cap": adaptive.counts["adaptive_decisions_at_cap"],
                               "pivots_fixed": len(fixed_big_pivots), "pivots_adaptive": len(adaptive_pivots),
                               "pivots_both": len(fixed_big_pivots & adaptive_pivots), "only_fixed": len(fixed_big_pivots - adaptive_pivots),
                               "only_adaptive": len(adaptive_pivots - fixed_big_pivots)},

@@ -72,6 +72,7 @@ def test_adaptive_estimation_uses_fewer_rollouts_for_the_same_pivots(chain):
     adaptive = pivotal_token_search(sampler, oracle, questions, _config(adaptive=True, adaptive_step=16))
     assert [[p.position for p in s.pivots] for s in fixed.searches] == [[p.position for p in s.pivots] for s in adaptive.searches]
     assert adaptive.counts["rollouts_sampled"] < fixed.counts["rollouts_sampled"]
+    assert adaptive.counts["adaptive_decisions_early"] > 0 and fixed.counts["adaptive_decisions_early"] == 0
 
 
 def test_breadth_first_search_equals_the_recursive_subdivide(chain):
