@@ -138,6 +138,11 @@ class PromptNoise:
     def __init__(self, seed: int | None, prompt_indices: Sequence[int]):
         self.generators = prompt_generators(seed, prompt_indices)
 
+    def keep(self, prompt_positions: Sequence[int], n: int) -> None:
+        "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
+        if self.generators is not None:
+            self.generators = [self.generators[i] for i in prompt_positions]
+
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         if self.generators is None:
             noise = torch.rand(scores.shape)
@@ -188,6 +193,11 @@ class SampleNoise:
     def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0):
         self.keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
         self.step = 0
+
+    def keep(self, prompt_positions: Sequence[int], n: int) -> None:
+        "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
+        rows = torch.tensor([i * n + j for i in prompt_positions for j in range(n)], dtype=torch.long)
+        self.keys = self.keys.index_select(0, rows)
 
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         u = counter_uniform(self.keys, self.step).to(scores.device)
@@ -375,27 +385,36 @@ class HFSampler:
         logits, prompt_cache = self.lean.prefill(ids, mask)
         logits = logits.repeat_interleave(n, dim=0)
         positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
-        row_cap = torch.tensor(caps, device=self.device).repeat_interleave(n)
         gen_cache = self.lean.new_cache(N, max_new)
-        active = torch.ones(N, dtype=torch.bool, device=self.device)
+        rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
+        active = [True] * N
         window = max((len(s) for s in params.stop), default=0) + 8
         for t in range(max_new):
             token, logprob = sample_from_logits(logits, params, noise)
-            token_list, logprob_list, active_list = token.tolist(), logprob.tolist(), active.tolist()
-            for r in range(N):
-                if not active_list[r]:
+            for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
+                if not active[r]:
                     continue
-                tokens_out[r].append(token_list[r])
-                logprobs_out[r].append(logprob_list[r])
-                if token_list[r] in stop_ids:
-                    reasons[r], active_list[r] = "stop", False
-                elif params.stop and self._stop_string_hit(tokens_out[r], params, window):
-                    reasons[r], active_list[r] = "stop", False
-                elif len(tokens_out[r]) >= caps[r // n]:
-                    active_list[r] = False
-            active = torch.tensor(active_list, device=self.device)
-            if not active.any() or t == max_new - 1:
+                tokens_out[orig].append(tok)
+                logprobs_out[orig].append(lp)
+                if tok in stop_ids:
+                    reasons[orig], active[r] = "stop", False
+                elif params.stop and self._stop_string_hit(tokens_out[orig], params, window):
+                    reasons[orig], active[r] = "stop", False
+                elif len(tokens_out[orig]) >= caps[orig // n]:
+                    active[r] = False
+            if not any(active) or t == max_new - 1:
                 break
+            # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
+            keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
+            if len(keep) <= 0.75 * (len(rows) // n):
+                kept = torch.tensor(keep, device=self.device)
+                kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
+                prompt_cache = [(k.index_select(0, kept), v.index_select(0, kept)) for k, v in prompt_cache]
+                gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
+                mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
+                rows = [rows[i] for i in kept_rows.tolist()]
+                active = [active[i] for i in kept_rows.tolist()]
+                noise.keep(keep, n)
             logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
         return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
 

@@ -1,6 +1,8 @@
 """`slm-bench stages`, `profiles`, `report` and `bench`."""
 import json
 
+import pytest
+
 from conftest import PIPELINES
 
 
@@ -85,3 +87,11 @@ def test_sandbox_benchmark_small():
     result = bench_sandbox(n=30, workers=1)
     assert result["pool_correct"] == 30 and result["baseline_correct"] == 30
     assert result["ratio"] > 0 and set(result["families"]) <= {"plain", "math", "sympy"}
+
+
+def test_bench_pts_without_a_tiny_run_says_how_to_get_one(tmp_path):
+    from slm_bench.core import BadInput
+    from slm_bench.pts_bench import bench_pts
+
+    with pytest.raises(BadInput, match="make run"):
+        bench_pts(run_dir=str(tmp_path))

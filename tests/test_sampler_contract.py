@@ -202,3 +202,15 @@ def test_content_seeded_sample_j_is_the_same_draw_however_requested(tiny_checkpo
 def test_first_sample_needs_content_seeds():
     with pytest.raises(BadInput, match="content_seeds"):
         SamplingParams(first_sample=3)
+
+
+def test_finished_prompts_leave_the_lean_batch_without_changing_any_sample(tiny_checkpoint, reference):
+    "Prompts that stop early are dropped from the lean loop's batch; the others' samples are exactly generate's."
+    lean = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    prompts = [prompt(reference, text) for text in ("Tom has 3 apples and buys", "Tom", "Tom has 17 apples and buys 2", "Tom has")]
+    for params in (SamplingParams(n=2, max_new_tokens=24, seed=2, stop=["more"]),
+                   SamplingParams(n=2, max_new_tokens=24, seed=2, stop=["more"], content_seeds=True)):
+        ours, theirs = lean.generate(prompts, params), reference.generate(prompts, params)
+        assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
+        lengths = [len(c.token_ids) for g in ours for c in g]
+        assert min(lengths) < max(lengths)  # some prompts really did finish early
