@@ -9,7 +9,7 @@ BASIC = PIPELINES / "basic"
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, verifier, evaluate, grid"),
+        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, verifier, pts, evaluate, grid, dpo"),
         (["--stages", ","], "--stages needs at least one stage name"),
         (["--profile", "huge"], "unknown profile 'huge'; known profiles: tiny, smoke, gpu"),
         (["--set", "environment.nope=1"], "unknown parameter 'environment.nope'"),
