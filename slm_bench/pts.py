@@ -22,7 +22,7 @@ from .store import atomic_write_text, sha256_json
 __all__ = ['PAPER_PHI4_TABLE9', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'PrefixStats', 'ProbabilityMemo',
            'clopper_pearson', 'compare', 'Estimator', 'Pivot', 'SolutionSearch', 'search_all', 'PivotPair',
            'build_pairs', 'PTSResult', 'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records',
-           'trl_records', 'ChainTokenizer', 'ChainWorld', 'ChainSampler', 'ChainOracle', 'planted_pivots']
+           'trl_records']
 
 # %% ../nbs/29_pts.ipynb #4c069e1d
 @dataclass
@@ -598,107 +598,6 @@ def pair_records(pairs: Sequence[PivotPair], tokenizer) -> list[dict]:
 def trl_records(records: Sequence[dict]) -> list[dict]:
     "TRL's preference format (text): prompt, chosen, rejected."
     return [{"prompt": r["prompt_text"], "chosen": r["chosen_text"], "rejected": r["rejected_text"]} for r in records]
-
-# %% ../nbs/29_pts.ipynb #afe0d288
-class ChainTokenizer:
-    "Symbols as characters; id 0 is EOS, 1 is BOS."
-
-    def __init__(self, symbols: str):
-        self.symbols = symbols
-        self.eos_token_id, self.bos_token_id, self.pad_token_id = 0, 1, 0
-
-    def __len__(self) -> int:
-        return len(self.symbols) + 2
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(self.symbols[i - 2] for i in ids if i >= 2)
-
-
-@dataclass
-class ChainWorld:
-    "Positions with {symbol: (probability, score change)}; success when the final score >= threshold."
-    steps: list
-    threshold: int
-
-    def p(self, tokenizer: ChainTokenizer, symbols: Sequence[int]) -> float:
-        "Exact p(success | the symbols so far) (ids, EOS allowed at the end)."
-        symbols = [t for t in symbols if t >= 2]
-        score = sum(self.steps[i][tokenizer.symbols[t - 2]][1] for i, t in enumerate(symbols))
-        return self._p(len(symbols), score)
-
-    def _p(self, position: int, score: int) -> float:
-        if position == len(self.steps):
-            return float(score >= self.threshold)
-        return sum(prob * self._p(position + 1, score + change) for prob, change in self.steps[position].values())
-
-
-class ChainSampler:
-    "The Sampler contract over `ChainWorld`s; a prompt is [BOS, question symbol], the question symbol picks the world."
-
-    def __init__(self, worlds: dict[str, ChainWorld], symbols: str):
-        import torch
-
-        self.tokenizer, self.worlds, self.max_context = ChainTokenizer(symbols), worlds, 64
-        self._torch = torch
-
-    def _distribution(self, prompt: list[int], generated: list[int]):
-        torch = self._torch
-        world = self.worlds[self.tokenizer.symbols[prompt[1] - 2]]
-        position = len(prompt) - 2 + len(generated)
-        logits = torch.full((len(self.tokenizer),), float("-inf"))
-        if position >= len(world.steps) or (generated and generated[-1] == 0):
-            logits[0] = 0.0
-        else:
-            for symbol, (prob, _) in world.steps[position].items():
-                logits[self.tokenizer.symbols.index(symbol) + 2] = math.log(prob)
-        return logits
-
-    def generate(self, prompts, params: SamplingParams):
-        from slm_bench.sampling import Completion, make_noise, sample_from_logits
-
-        noise = make_noise(params, [list(p) for p in prompts], list(range(len(prompts))))
-        rows = [(list(p), []) for p in prompts for _ in range(params.n)]
-        logprobs = [[] for _ in rows]
-        for _ in range(params.max_new_tokens):
-            logits = self._torch.stack([self._distribution(p, g) for p, g in rows])
-            tokens, lps = sample_from_logits(logits, params, noise)
-            for r, ((p, g), t, lp) in enumerate(zip(rows, tokens.tolist(), lps.tolist())):
-                if not g or g[-1] != 0:
-                    g.append(t)
-                    logprobs[r].append(lp)
-            if all(g and g[-1] == 0 for _, g in rows):
-                break
-        out = []
-        for i in range(len(prompts)):
-            group = rows[i * params.n:(i + 1) * params.n]
-            out.append([Completion(g, self.tokenizer.decode(g), logprobs[i * params.n + j], "stop" if g and g[-1] == 0 else "length")
-                        for j, (_, g) in enumerate(group)])
-        return out
-
-    def score(self, prompts, continuations):
-        return [[self._distribution(list(p), list(c[:k])).log_softmax(-1)[t].item() for k, t in enumerate(c)] for p, c in zip(prompts, continuations)]
-
-
-class ChainOracle:
-    "Correct when the chain's final score reaches its world's threshold."
-    name = "chain"
-
-    def __init__(self, sampler: ChainSampler):
-        self.sampler = sampler
-
-    def judge(self, items):
-        out = []
-        for q, ids in items:
-            world = self.sampler.worlds[self.sampler.tokenizer.symbols[q.prompt_ids[1] - 2]]
-            out.append(world.p(self.sampler.tokenizer, ids) == 1.0 and len([t for t in ids if t >= 2]) == len(world.steps))
-        return out
-
-
-def planted_pivots(sampler: ChainSampler, question: Question, tokens: Sequence[int], p_gap: float) -> list[tuple[int, float]]:
-    "(position, exact Δp) of every token of `tokens` whose step changes the exact p(success) by at least p_gap."
-    world = sampler.worlds[sampler.tokenizer.symbols[question.prompt_ids[1] - 2]]
-    exact = [world.p(sampler.tokenizer, tokens[:i]) for i in range(len(tokens) + 1)]
-    return [(i, exact[i + 1] - exact[i]) for i in range(len(tokens)) if abs(exact[i + 1] - exact[i]) >= p_gap]
 
 # %% ../nbs/29_pts.ipynb #789a2ab9
 PAPER_PHI4_TABLE9 = {

@@ -5,9 +5,10 @@ import re
 
 import pytest
 
+from slm_bench.chain_world import ChainOracle, ChainSampler, ChainWorld, planted_pivots
 from slm_bench.core import BadInput
-from slm_bench.pts import (ChainOracle, ChainSampler, ChainWorld, Estimator, ProbabilityMemo, PTSConfig, PrefixStats, Question,
-                           SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search, planted_pivots,
+from slm_bench.pts import (ProbabilityMemo, PTSConfig, PrefixStats, Question,
+                           SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search,
                            scan_every_prefix, trl_records)
 
 SYMBOLS = "ab+-dABCDEF"
