@@ -5,7 +5,6 @@
 # %% ../nbs/15_sampling.ipynb #d0db6c66
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
