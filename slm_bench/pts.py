@@ -10,7 +10,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -407,9 +407,11 @@ def _resolve(searches_segments, estimator: Estimator, config: PTSConfig) -> list
             (qa, pa), (qb, pb) = endpoints(s, i, j)
             a, b = estimator.stats(qa, pa), estimator.stats(qb, pb)
             exhausted = all(x.exact or x.trials >= config.rollouts for x in (a, b))
-            decisions[n] = compare(a, b, config, final=exhausted)
+            decisions[n] = compare(a, b, config, final=False)
+            at_cap = decisions[n] == "open" and exhausted
+            if at_cap:  # the bound could not settle it with every rollout drawn: the point estimate decides
+                decisions[n] = compare(a, b, config, final=True)
             if config.adaptive and decisions[n] != "open":
-                at_cap = exhausted and not (a.exact and b.exact) and compare(a, b, config, final=False) == "open"
                 estimator.decisions["at_cap" if at_cap else "early"] += 1
             if decisions[n] == "open":
                 for (q, p), x in ((qa, pa), a), ((qb, pb), b):
@@ -568,8 +570,6 @@ class PrefixScan:
 
 def scan_every_prefix(sampler, oracle: Oracle, searches: Sequence[SolutionSearch], rollouts: int, config: PTSConfig) -> tuple[list[PrefixScan], int]:
     "Every prefix of every search's T_full estimated with `rollouts` rollouts; returns the scans and the rollouts sampled."
-    from dataclasses import replace
-
     estimator = Estimator(sampler, oracle, replace(config, rollouts=rollouts, adaptive=False))
     estimator.set_exact([(s.question, list(s.tokens)) for s in searches])
     estimator.ensure([(s.question, s.prefix(i), rollouts) for s in searches for i in range(len(s.tokens))])

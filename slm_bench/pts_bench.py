@@ -47,11 +47,10 @@ class OpenPTSBaseline:
         tokens = search.tokens
         prefix_text = [self.tokenizer.decode(list(search.question.prompt_ids) + tokens[:i], skip_special_tokens=True)[len(prompt_text):]
                        for i in range(len(tokens) + 1)]
-        verdict_full = self.judge_texts([(search.question, prefix_text[-1])])[0]
 
         def p(i):
             if i == len(tokens):
-                return float(verdict_full)
+                return float(search.correct)  # the finished solution: the oracle's verdict, judged once in `run`
             return self.p_success(search.question, prompt_text, prefix_text[i], tokens[:i])
 
         def subdivide(i, j):
@@ -73,7 +72,8 @@ class OpenPTSBaseline:
             first = self.sampler.generate([list(q.prompt_ids)], self.config.sampling(1, 0))[0][0]  # rollout 0 of the bare question
             if first.finish_reason == "stop":
                 logprobs = self.sampler.score([q.prompt_ids], [first.token_ids])[0]
-                searches.append(SolutionSearch(q, list(first.token_ids), list(logprobs), True))
+                correct = self.judge_texts([(q, first.text)])[0]
+                searches.append(SolutionSearch(q, list(first.token_ids), list(logprobs), correct))
         pivots = {(s.question.id, i) for s in searches for i in self.search(s, prompt_texts[s.question.id])}
         return {"searches": searches, "pivots": pivots}
 
