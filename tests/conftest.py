@@ -45,10 +45,10 @@ CORPUS = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples." for
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     "A tiny Llama trained for a few seconds on an arithmetic corpus (it completes 'Tom has ...' sensibly), saved in HF format."
-    from slm_bench.models import create_model, get_preset
-    from slm_bench.packing import pack, text_example
-    from slm_bench.tokenizer import train_tokenizer
-    from slm_bench.train import CausalLM, PackedRows, TrainConfig, Trainer
+    from slm_bench.lm.models import create_model, get_preset
+    from slm_bench.lm.packing import pack, text_example
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer
 
     out = tmp_path_factory.mktemp("tiny")
     tokenizer = train_tokenizer(CORPUS, vocab_size=320)

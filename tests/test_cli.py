@@ -55,7 +55,7 @@ def test_bench_matmul_reports_ratio_to_numpy(cli):
 
 
 def test_sampler_and_train_benchmarks_report_ratios():
-    from slm_bench.benchmarks import bench_sampler, bench_train
+    from slm_bench.bench.core import bench_sampler, bench_train
 
     s = bench_sampler(preset="llama-0.5m", prompts=2, prompt_len=16, samples=2, new_tokens=4, runs=1)
     assert s["ratio"] == round(s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"], 3) or abs(
@@ -82,7 +82,7 @@ def test_presets_report(cli):
 
 
 def test_sandbox_benchmark_small():
-    from slm_bench.benchmarks import bench_sandbox
+    from slm_bench.bench.core import bench_sandbox
 
     result = bench_sandbox(n=30, workers=1)
     assert result["pool_correct"] == 30 and result["baseline_correct"] == 30
@@ -90,8 +90,8 @@ def test_sandbox_benchmark_small():
 
 
 def test_bench_pts_without_a_tiny_run_says_how_to_get_one(tmp_path):
-    from slm_bench.core import BadInput
-    from slm_bench.pts_bench import bench_pts
+    from slm_bench.core.errors import BadInput
+    from slm_bench.bench.pts import bench_pts
 
     with pytest.raises(BadInput, match="make run"):
         bench_pts(run_dir=str(tmp_path))

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slm_bench.core import BadInput
-from slm_bench.dpo import DPOObjective, dpo_loss, dpo_rows, policy_logps, reference_logps, sequence_pair_tensors, token_pair_tensors
+from slm_bench.core.errors import BadInput
+from slm_bench.train.dpo import DPOObjective, dpo_loss, dpo_rows, policy_logps, reference_logps, sequence_pair_tensors, token_pair_tensors
 
 
 class LogitTable(torch.nn.Module):
@@ -78,9 +78,9 @@ def test_pair_tensors_reject_bad_pairs():
 
 
 def test_on_a_tiny_model_token_pairs_match_teacher_forcing_and_training_moves_the_pair(tiny_checkpoint, tmp_path):
-    from slm_bench.models import load_checkpoint
-    from slm_bench.sampling import HFSampler
-    from slm_bench.train import TrainConfig, Trainer
+    from slm_bench.lm.models import load_checkpoint
+    from slm_bench.infer.sampling import HFSampler
+    from slm_bench.train.engine import TrainConfig, Trainer
 
     model, tok = load_checkpoint(tiny_checkpoint)
     sampler = HFSampler(model, tok)
@@ -102,8 +102,8 @@ def test_on_a_tiny_model_token_pairs_match_teacher_forcing_and_training_moves_th
 
 
 def test_sequence_pairs_on_a_tiny_model(tiny_checkpoint):
-    from slm_bench.models import load_checkpoint
-    from slm_bench.sampling import HFSampler
+    from slm_bench.lm.models import load_checkpoint
+    from slm_bench.infer.sampling import HFSampler
 
     model, tok = load_checkpoint(tiny_checkpoint)
     prompt = tok("Tom has 5 apples and buys")["input_ids"]

@@ -8,7 +8,7 @@ matplotlib.use("agg")  # pytest only; stage kernels use the inline backend
 import pytest
 import torch
 
-from slm_bench.hardware import bench_matmul, collect_environment, matmul_flops, measure_matmul, peak_gflops, plot_matmul
+from slm_bench.pipeline.hardware import bench_matmul, collect_environment, matmul_flops, measure_matmul, peak_gflops, plot_matmul
 
 
 def test_flops_formula():

@@ -7,9 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slm_bench.http_backend import HTTPSampler, RemoteError
-from slm_bench.sampling import HFSampler, SamplingParams
-from slm_bench.serve import CompletionService, make_server
+from slm_bench.infer.http import HTTPSampler, RemoteError
+from slm_bench.infer.sampling import HFSampler, SamplingParams
+from slm_bench.infer.serve import CompletionService, make_server
 
 OK_BODY = {"choices": [{"index": 0, "text": " ok", "finish_reason": "stop", "token_ids": [5],
                         "logprobs": {"tokens": ["▁ok"], "token_logprobs": [-0.5]}}]}

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from slm_bench.lean import LeanDecoder, lean_support
-from slm_bench.models import create_model, get_preset
+from slm_bench.infer.lean import LeanDecoder, lean_support
+from slm_bench.lm.models import create_model, get_preset
 
 
 @pytest.mark.parametrize("name, kv_heads", [("llama-0.5m", 4), ("llama-0.5m", 2), ("llama-0.5m", 1), ("phi-0.5m", 2)])

@@ -3,10 +3,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slm_bench.core import BadInput
-from slm_bench.models import (PAPER_FFN_MULTIPLIER, add_tokens, build_config, check_vocab, count_parameters, create_model,
-                              flops_per_token, get_preset, load_checkpoint, save_checkpoint, with_kv_heads)
-from slm_bench.tokenizer import IM_END, IM_START, PAD, train_tokenizer
+from slm_bench.core.errors import BadInput
+from slm_bench.lm.models import PAPER_FFN_MULTIPLIER, add_tokens, build_config, check_vocab, count_parameters, create_model, flops_per_token, get_preset, load_checkpoint, save_checkpoint, with_kv_heads
+from slm_bench.lm.tokenizer import IM_END, IM_START, PAD, train_tokenizer
 
 CORPUS = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples. Natalia sold {a * 2} clips in April."
           for a in range(3, 40) for b in range(2, 9)]

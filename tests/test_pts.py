@@ -5,11 +5,9 @@ import re
 
 import pytest
 
-from slm_bench.chain_world import ChainOracle, ChainSampler, ChainWorld, planted_pivots
-from slm_bench.core import BadInput
-from slm_bench.pts import (ProbabilityMemo, PTSConfig, PrefixStats, Question,
-                           SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search,
-                           scan_every_prefix, trl_records)
+from slm_bench.methods.chain_world import ChainOracle, ChainSampler, ChainWorld, planted_pivots
+from slm_bench.core.errors import BadInput
+from slm_bench.methods.pts import ProbabilityMemo, PTSConfig, PrefixStats, Question, SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search, scan_every_prefix, trl_records
 
 SYMBOLS = "ab+-dABCDEF"
 FILLER = {"a": (0.7, 0), "b": (0.3, 0)}
@@ -236,7 +234,7 @@ class ApplesOracle:
 
 
 def test_on_a_tiny_model_every_reported_pivot_is_pivotal_in_a_brute_force_scan(tiny_checkpoint):
-    from slm_bench.sampling import HFSampler
+    from slm_bench.infer.sampling import HFSampler
 
     sampler = HFSampler.from_checkpoint(tiny_checkpoint)
     tok = sampler.tokenizer
@@ -275,7 +273,7 @@ def test_probability_curve_widget_and_figure(chain):
 
     import matplotlib
     matplotlib.use("agg")
-    from slm_bench.pts_view import PTSCurveWidget, curve_points, curves_figure, rollouts_html, search_records
+    from slm_bench.methods.pts_view import PTSCurveWidget, curve_points, curves_figure, rollouts_html, search_records
 
     sampler, oracle, questions = chain
     result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))

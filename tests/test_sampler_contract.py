@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import SLM_BENCH
-from slm_bench.core import BadInput
-from slm_bench.http_backend import HTTPSampler, RemoteError
-from slm_bench.sampling import HFSampler, SamplingParams
+from slm_bench.core.errors import BadInput
+from slm_bench.infer.http import HTTPSampler, RemoteError
+from slm_bench.infer.sampling import HFSampler, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def sampler(request, tiny_checkpoint, tmp_path):
     reason = _vllm_available()
     if reason:
         pytest.skip(f"vLLM backend: {reason}")
-    from slm_bench.vllm_backend import VLLMSampler
+    from slm_bench.infer.vllm import VLLMSampler
     return VLLMSampler(str(tiny_checkpoint), dtype="float32", gpu_memory_utilization=0.2)
 
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from slm_bench.sandbox import Program, Sandbox
+from slm_bench.evals.sandbox import Program, Sandbox
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from slm_bench.config import PROFILES, resolve_parameters
-from slm_bench.core import BadInput
-from slm_bench.stages import discover_stages, read_stage
+from slm_bench.core.config import PROFILES, resolve_parameters
+from slm_bench.core.errors import BadInput
+from slm_bench.pipeline.stages import discover_stages, read_stage
 
 PARAMS = 'run_dir: str = "runs/x"  # set by the runner\nout_dir: str = ""  # set by the runner\n'
 

@@ -3,12 +3,11 @@ import json
 
 import pytest
 
-from slm_bench.core import BadInput
-from slm_bench.curate import TestIndex, dedup, phi4_verdict, run_filters, tinygsm_verdict
-from slm_bench.mixture import MixtureWidget, Source, draw, epochs, validate_sources
-from slm_bench.sandbox import Sandbox
-from slm_bench.synth import (FAMILIES, TEST_VOCAB, TRAIN_VOCAB, LLMTeacher, ParseReport, ProceduralTeacher, load_seed_questions,
-                             parse_joint, parse_questions)
+from slm_bench.core.errors import BadInput
+from slm_bench.data.curate import TestIndex, dedup, phi4_verdict, run_filters, tinygsm_verdict
+from slm_bench.data.mixture import MixtureWidget, Source, draw, epochs, validate_sources
+from slm_bench.evals.sandbox import Sandbox
+from slm_bench.data.synth import FAMILIES, TEST_VOCAB, TRAIN_VOCAB, LLMTeacher, ParseReport, ProceduralTeacher, load_seed_questions, parse_joint, parse_questions
 
 
 def run_program(code):
@@ -60,8 +59,8 @@ def test_llm_teacher_through_a_real_sampler(tiny_checkpoint):
     "An untrained model is a terrible teacher: its replies do not parse, and that is counted, never a crash."
     from transformers import AutoTokenizer
 
-    from slm_bench.models import create_model, get_preset
-    from slm_bench.sampling import HFSampler
+    from slm_bench.lm.models import create_model, get_preset
+    from slm_bench.infer.sampling import HFSampler
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024))
@@ -100,7 +99,7 @@ def test_filters_and_dedup():
 
 
 def test_decontamination_finds_a_paraphrase_with_new_numbers(tmp_path):
-    from slm_bench.tasks import get_task, shared_data_dir
+    from slm_bench.evals.tasks import get_task, shared_data_dir
 
     test = ["Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends every day with four."]
     index = TestIndex.build({"gsm8k-like": test})

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from conftest import tree
-from slm_bench.metrics import amc_score
-from slm_bench.sandbox import Sandbox
-from slm_bench.tasks import get_task, normalize_latex, shared_data_dir
+from slm_bench.evals.metrics import amc_score
+from slm_bench.evals.sandbox import Sandbox
+from slm_bench.evals.tasks import get_task, normalize_latex, shared_data_dir
 
 DATA = shared_data_dir()
 needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data (the real benchmark files) is not present")
@@ -160,8 +160,8 @@ def test_prompts():
 
 
 def test_multiple_choice_extraction_and_loglik(tiny_checkpoint):
-    from slm_bench.sampling import HFSampler
-    from slm_bench.tasks import MultipleChoice, extract_choice, mcq_loglik_choice
+    from slm_bench.infer.sampling import HFSampler
+    from slm_bench.evals.tasks import MultipleChoice, extract_choice, mcq_loglik_choice
 
     task = MultipleChoice()
     problem = task.problem(0, {"question": "Which is bigger?", "choices": ["one", "two", "three"], "answer": 2})

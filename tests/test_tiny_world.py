@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from slm_bench.mixture import Source, epochs
+from slm_bench.data.mixture import Source, epochs
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_pts_and_dpo_stages(smoke_run):
 
 def test_bench_pts_runs_on_a_run_folder(smoke_run):
     "The benchmark's three methods on the smoke run's model: the open implementation's approach finds the same pivots as ours."
-    from slm_bench.pts_bench import bench_pts
+    from slm_bench.bench.pts import bench_pts
 
     run_dir, _, _ = smoke_run
     result = bench_pts(str(run_dir), questions=6, rollouts=8, adaptive_rollouts=16, first_question=0)

@@ -2,11 +2,11 @@
 import pytest
 from transformers import AutoTokenizer
 
-from slm_bench.packing import IGNORE
-from slm_bench.sampling import Completion
-from slm_bench.sandbox import Sandbox
-from slm_bench.tasks import Problem
-from slm_bench.tinygsm import label_solutions
+from slm_bench.lm.packing import IGNORE
+from slm_bench.infer.sampling import Completion
+from slm_bench.evals.sandbox import Sandbox
+from slm_bench.evals.tasks import Problem
+from slm_bench.methods.tinygsm import label_solutions
 
 PROBLEMS = [Problem("a", 0, "Ann has 3 pens and buys 4 more. How many pens?", 7), Problem("b", 1, "Bo has 9 cats and gives away 2. How many cats?", 7)]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slm_bench.models import create_model, get_preset
-from slm_bench.packing import IGNORE, chat_example, pack, prompt_completion_example, text_example
-from slm_bench.tokenizer import train_tokenizer
-from slm_bench.train import CausalLM, PackedRows, TrainConfig, Trainer, latest_checkpoint, make_optimizer, make_schedule, read_metrics
+from slm_bench.lm.models import create_model, get_preset
+from slm_bench.lm.packing import IGNORE, chat_example, pack, prompt_completion_example, text_example
+from slm_bench.lm.tokenizer import train_tokenizer
+from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer, latest_checkpoint, make_optimizer, make_schedule, read_metrics
 
 CORPUS = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples." for a in range(2, 30) for b in range(2, 12)]
 

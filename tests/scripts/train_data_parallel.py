@@ -4,10 +4,10 @@ usage: train_data_parallel.py OUT_DIR GRAD_ACCUM
 """
 import sys
 
-from slm_bench.models import create_model, get_preset
-from slm_bench.packing import pack, text_example
-from slm_bench.tokenizer import train_tokenizer
-from slm_bench.train import CausalLM, PackedRows, TrainConfig, Trainer
+from slm_bench.lm.models import create_model, get_preset
+from slm_bench.lm.packing import pack, text_example
+from slm_bench.lm.tokenizer import train_tokenizer
+from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer
 
 out, accum = sys.argv[1], int(sys.argv[2])
 corpus = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples." for a in range(2, 30) for b in range(2, 12)]

@@ -1,0 +1,1 @@
+"""Language models themselves: model presets and checkpoints, tokenizers with chat templates, and packing examples into rows."""
