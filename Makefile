@@ -13,6 +13,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 RUN ?= runs/$(PROFILE)
+# empty: every recipe; RECIPE=phi4 (or tinygsm,phi4) runs those recipes and the stages they need
+RECIPE ?=
 HTML_MANAGER ?= @jupyter-widgets/html-manager@1.0.15
 REQUIREJS ?= requirejs@2.3.8
 JS_DIR := $(VENV)/share/slm-bench/js
@@ -23,7 +25,8 @@ export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
-	@echo "make run      run the whole pipeline on the embedded tiny world (CPU) and print the report path"
+	@echo "make run      run every recipe on the embedded tiny world (CPU) and print the report path"
+	@echo "make run RECIPE=phi4   one recipe (and the stages it needs)"
 	@echo "make test     notebook/library sync check, nbdev_test, then pytest"
 	@echo "make lab      JupyterLab with the slm-bench kernel"
 	@echo "make bench    benchmarks (slm-bench bench)"
@@ -55,11 +58,11 @@ js-assets:
 	echo "widget assets installed in $(JS_DIR)"
 
 run: $(STAMP)
-	$(BIN)/slm-bench run --profile $(PROFILE)
+	$(BIN)/slm-bench run --profile $(PROFILE) $(if $(RECIPE),--recipe $(RECIPE))
 
 test: $(STAMP)
 	$(BIN)/python tests/nbdev_sync.py
-	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(pipeline|[_.].*)$$'
+	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(stages|[_.].*)$$'
 	$(BIN)/python -m pytest tests
 
 lab: $(STAMP)

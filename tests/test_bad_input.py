@@ -9,8 +9,11 @@ BASIC = PIPELINES / "basic"
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, verifier, pts, evaluate, grid, dpo"),
-        (["--stages", ","], "--stages needs at least one stage name"),
+        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, pts, dpo, verifier, evaluate, grid"),
+        (["--stages", ","], "--stages needs at least one name, e.g. --stages environment"),
+        (["--recipe", "orca3"], "unknown recipe 'orca3'; recipes: common, phi4, tinygsm (see `slm-bench recipes`)"),
+        (["--recipe", " , "], "--recipe needs at least one name, e.g. --recipe phi4"),
+        (["--recipe", "phi4", "--stages", "pts"], "--recipe and --stages choose the stages two ways: pass one of them"),
         (["--profile", "huge"], "unknown profile 'huge'; known profiles: tiny, smoke, gpu"),
         (["--set", "environment.nope=1"], "unknown parameter 'environment.nope'"),
         (["--set", "environment.repetas=3"], "did you mean environment.repeats"),
@@ -59,7 +62,7 @@ def test_unknown_option_and_missing_pipeline(cli, tmp_path):
     result = cli("run", "--bogus", "--run-dir", tmp_path / "run")
     assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
     result = cli("run", "--pipeline", tmp_path / "nowhere", "--run-dir", tmp_path / "run")
-    assert result.returncode == 2 and "pipeline folder" in result.stderr and "does not exist" in result.stderr
+    assert result.returncode == 2 and f"stages folder {tmp_path / 'nowhere'} does not exist" in result.stderr, result
     assert tree(tmp_path) == before
 
 

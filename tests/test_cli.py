@@ -1,4 +1,4 @@
-"""`slm-bench stages`, `profiles`, `report` and `bench`."""
+"""`slm-bench stages`, `recipes`, `profiles`, `report` and `bench`."""
 import json
 
 import pytest
@@ -9,15 +9,27 @@ from conftest import PIPELINES
 def test_stages_lists_inputs_outputs_and_typed_parameters(cli):
     result = cli("stages")
     assert result.returncode == 0, result
-    assert "environment  (00_environment.ipynb)" in result.stdout
+    assert "environment  (common/00_environment.ipynb)" in result.stdout
     assert "outputs: environment.json, matmul.json, matmul.png" in result.stdout
     assert "sizes: list[int] = [256, 512, 1024, 2048]  # square matrix sizes" in result.stdout
     assert "run_dir: str = 'runs/lab'" in result.stdout and "[set by the runner]" in result.stdout
 
     listed = json.loads(cli("stages", "--pipeline", PIPELINES / "basic", "--json").stdout)
     assert [s["name"] for s in listed] == ["source", "double"]
-    assert listed[1]["inputs"] == ["source"]
+    assert listed[1]["inputs"] == ["source"] and listed[1]["recipe"] == "basic"  # a flat folder is one recipe
     assert listed[1]["parameters"]["factor"] == {"type": "int", "default": 2, "help": "multiplier"}
+
+
+def test_recipes_list_own_stages_and_what_they_need(cli):
+    result = cli("recipes")
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines() == [
+        "common: environment, synth, curate, mixture, pretrain, sft",
+        "phi4: pts, dpo  (needs synth, curate, mixture, pretrain, sft)",
+        "tinygsm: verifier, evaluate, grid  (needs synth, curate, mixture, pretrain, sft)",
+    ]
+    listed = json.loads(cli("recipes", "--json").stdout)
+    assert listed["phi4"] == {"stages": ["pts", "dpo"], "needs": ["synth", "curate", "mixture", "pretrain", "sft"]}
 
 
 def test_profiles(cli):

@@ -13,6 +13,7 @@ from conftest import PIPELINES, SLM_BENCH
 
 BASIC = PIPELINES / "basic"
 FAILING = PIPELINES / "failing"
+RECIPES = PIPELINES / "recipes"
 
 
 def read(path: Path):
@@ -93,6 +94,45 @@ def test_cache_force_and_invalidation(cli, tmp_path):
     assert "[1/1] double  ok" in forced.stdout and "source" not in forced.stdout.split("\n", 1)[1]
     summary = read(run_dir / "summary.json")
     assert {s["name"]: s["action"] for s in summary["stages"]} == {"source": "not selected", "double": "ran"}
+
+
+def test_recipe_runs_its_stages_and_what_they_need(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    base = ("run", "--pipeline", RECIPES, "--run-dir", run_dir, "--no-report")
+
+    beta = cli(*base, "--recipe", "beta")
+    assert beta.returncode == 0, beta
+    assert [line.split()[:3] for line in beta.stdout.splitlines() if line.startswith("[") and "running" not in line] == [
+        ["[1/2]", "numbers", "ok"], ["[2/2]", "largest", "ok"]]
+    assert read(run_dir / "largest" / "largest.json") == 3 and not (run_dir / "total").exists()
+    summary = read(run_dir / "summary.json")
+    assert {s["name"]: (s["recipe"], s["action"]) for s in summary["stages"]} == {
+        "numbers": ("common", "ran"), "total": ("alpha", "not selected"), "largest": ("beta", "ran")}
+
+    alpha = cli(*base, "--recipe", "alpha")  # the shared stage is reused, not rerun
+    assert alpha.returncode == 0, alpha
+    assert "[1/2] numbers  cached" in alpha.stdout and "[2/2] total    ok" in alpha.stdout, alpha
+    assert read(run_dir / "total" / "total.json") == 6
+
+
+def test_editing_a_subpackage_file_invalidates_the_cache(cli, tmp_path):
+    "The cache key covers every file of the library, not only the top folder: run against a copy of it and edit deep inside."
+    import shutil
+
+    import slm_bench
+    library = tmp_path / "lib"
+    shutil.copytree(Path(slm_bench.__file__).parent, library / "slm_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(library)}
+    base = ("run", "--pipeline", RECIPES, "--recipe", "alpha", "--run-dir", tmp_path / "run", "--no-report")
+    assert cli(*base, env=env).returncode == 0
+    again = cli(*base, env=env)
+    assert "numbers  cached" in again.stdout and "total    cached" in again.stdout, again
+
+    deep = library / "slm_bench" / "train" / "dpo.py"
+    deep.write_text(deep.read_text() + "\n# an edit deep in a subpackage\n")
+    edited = cli(*base, env=env)
+    assert edited.returncode == 0, edited
+    assert "[1/2] numbers  ok" in edited.stdout and "[2/2] total    ok" in edited.stdout, edited
 
 
 def _wait_for(predicate, timeout=60.0, what="condition"):

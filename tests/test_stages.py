@@ -28,7 +28,7 @@ def write_stage(folder: Path, filename: str, stage: str, params: str = PARAMS, t
 
 
 def test_reads_the_real_environment_stage():
-    stages = discover_stages(ROOT / "nbs" / "pipeline")
+    stages = discover_stages(ROOT / "nbs" / "stages")
     env = stages["environment"]
     assert env.inputs == () and "matmul.png" in env.outputs
     assert env.params["sizes"].annotation == "list[int]" and env.params["sizes"].default == [256, 512, 1024, 2048]
@@ -37,7 +37,7 @@ def test_reads_the_real_environment_stage():
 
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_every_profile_fits_the_real_pipeline(profile):
-    stages = discover_stages(ROOT / "nbs" / "pipeline")
+    stages = discover_stages(ROOT / "nbs" / "stages")
     values = resolve_parameters({n: s.params for n, s in stages.items()}, PROFILES[profile])
     for key, value in PROFILES[profile].values.items():
         stage, name = key.split(".")

@@ -343,7 +343,7 @@ def _run_job(job: dict, base: str, drop_to, netns: bool, guards) -> dict:
 
 
 def worker_main(kind: str = "full", limits: str = "{}") -> None:
-    "The zygote's loop (started by `Sandbox` as `python -I -c 'from slm_bench.sandbox import worker_main; worker_main(KIND)'`)."
+    "The zygote's loop (started by `Sandbox` as `python -I -c 'from slm_bench.evals.sandbox import worker_main; worker_main(KIND)'`)."
     import gc
     import importlib
 
@@ -388,7 +388,7 @@ class _Zygote:
         self.kind, self.limits = kind, limits or {"memory_mb": 1024, "file_bytes": 16 * 2**20, "max_processes": 64}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", f"from slm_bench.sandbox import worker_main; worker_main({kind!r}, {json.dumps(self.limits)!r})"],
+            [sys.executable, "-I", "-c", f"from slm_bench.evals.sandbox import worker_main; worker_main({kind!r}, {json.dumps(self.limits)!r})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(),
             start_new_session=True, text=True, bufsize=1,
         )

@@ -11,6 +11,7 @@ from typing import Protocol, Sequence
 import torch
 
 from ..core.errors import BadInput
+from ..lm.packing import left_pad
 
 # %% auto #0
 __all__ = ['Prompt', 'SamplingParams', 'Completion', 'Sampler', 'encode_prompt', 'check_prompts', 'default_stop_ids',
@@ -338,11 +339,8 @@ class HFSampler:
         return results
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        return ids, mask
+        return left_pad(prompts, pad, self.device)
 
     def _finish(self, prompts: list[list[int]], rows_tokens: list[list[int]], rows_logprobs: list[list[float]], rows_reason: list[str],
                 params: SamplingParams, n: int) -> list[list[Completion]]:

@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..core.errors import BadInput
 
 IGNORE = -100
 
 # %% auto #0
-__all__ = ['IGNORE', 'text_example', 'chat_example', 'prompt_completion_example', 'pack']
+__all__ = ['IGNORE', 'text_example', 'chat_example', 'prompt_completion_example', 'pack', 'left_pad']
 
 # %% ../../nbs/lm/02_packing.ipynb #e8c0d449
 def text_example(tokenizer, text: str, add_bos: bool = True, add_eos: bool = True) -> dict:
@@ -104,3 +104,13 @@ def pack(examples: Iterable[dict], seq_len: int, pad_id: int, mode: str = "conca
             rows.append(_row(group, seq_len, pad_id, cross_attention))
         return rows
     raise BadInput(f"packing mode must be 'concat' or 'greedy', got {mode!r}")
+
+# %% ../../nbs/lm/02_packing.ipynb #30ad730b
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple:
+    "Token-id sequences as one left-padded [B, L] tensor and its attention mask (1 on real tokens)."
+    import torch
+
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in sequences], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
+    return ids, mask

@@ -16,12 +16,13 @@ from ..core.errors import BadInput, SlmBenchError
 from ..core.paths import find_project_root, project_root, resolve_path
 
 # %% auto #0
-__all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_profiles',
-           'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_serve', 'cmd_score', 'cmd_bench', 'build_parser', 'main']
+__all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
+           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_serve', 'cmd_score', 'cmd_bench',
+           'build_parser', 'main']
 
 # %% ../../nbs/pipeline/09_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
-    return resolve_path(explicit) if explicit else project_root() / "nbs" / "pipeline"
+    return resolve_path(explicit) if explicit else project_root() / "nbs" / "stages"
 
 
 def _base() -> Path:
@@ -43,12 +44,12 @@ def cmd_stages(args) -> int:
 
     stages = discover_stages(default_pipeline_dir(args.pipeline))
     if args.json:
-        print(json.dumps([{"name": s.name, "about": s.about, "notebook": str(s.notebook), "inputs": list(s.inputs),
+        print(json.dumps([{"name": s.name, "recipe": s.recipe, "about": s.about, "notebook": str(s.notebook), "inputs": list(s.inputs),
                            "outputs": list(s.outputs), "parameters": {p.name: {"type": p.annotation, "default": p.default, "help": p.help}
                                                                       for p in s.params.values()}} for s in stages.values()], indent=2))
         return 0
     for stage in stages.values():
-        print(f"{stage.name}  ({stage.notebook.name})  {stage.about}")
+        print(f"{stage.name}  ({stage.recipe}/{stage.notebook.name})  {stage.about}")
         print(f"  inputs:  {', '.join(stage.inputs) or '(none)'}")
         print(f"  outputs: {', '.join(stage.outputs) or '(none)'}")
         print("  parameters:")
@@ -56,6 +57,21 @@ def cmd_stages(args) -> int:
             owner = "  [set by the runner]" if p.name in RUNNER_PARAMS else ""
             print(f"    {p.name}: {p.annotation} = {p.default!r}" + (f"  # {p.help}" if p.help else "") + owner)
         print()
+    return 0
+
+
+def cmd_recipes(args) -> int:
+    "List the recipes: each one's own stages and the stages it needs from other recipes."
+    from slm_bench.pipeline.stages import discover_stages, recipe_stages, recipes
+
+    stages = discover_stages(default_pipeline_dir(args.pipeline))
+    listing = {name: {"stages": own, "needs": [n for n in recipe_stages(stages, [name]) if n not in own]}
+               for name, own in recipes(stages).items()}
+    if args.json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    for name, entry in listing.items():
+        print(f"{name}: {', '.join(entry['stages'])}" + (f"  (needs {', '.join(entry['needs'])})" if entry["needs"] else ""))
     return 0
 
 
@@ -92,12 +108,13 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _stage_list(text: str | None) -> list[str] | None:
+def _name_list(text: str | None, option: str, example: str) -> list[str] | None:
+    "A comma-separated option value as a list (None when the option was not given)."
     if text is None:
         return None
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
-        raise BadInput("--stages needs at least one stage name, e.g. --stages environment")
+        raise BadInput(f"{option} needs at least one name, e.g. {option} {example}")
     return names
 
 
@@ -108,7 +125,7 @@ def cmd_run(args) -> int:
     options = RunOptions(
         pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=default_run_dir(args.run_dir, args.profile),
         report_dir=None if args.no_report else default_report_dir(args.report_dir), profile=args.profile,
-        stages=_stage_list(args.stages), sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout,
+        stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout,
         progress=sys.stderr.isatty() if args.progress is None else args.progress, command=run_command_line(),
     )
     plan = plan_run(options)
@@ -199,9 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stages", help="list the stages with their inputs, outputs and parameters")
-    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/pipeline)")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_stages)
+
+    p = sub.add_parser("recipes", help="list the recipes (one per paper) with their stages and what they need")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_recipes)
 
     p = sub.add_parser("profiles", help="list the named parameter profiles")
     p.set_defaults(func=cmd_profiles)
@@ -214,11 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
     p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
     p.add_argument("--stages", help="comma-separated stages to run (default: all); their inputs must be finished or included")
+    p.add_argument("--recipe", help="comma-separated recipes to run, with the stages they need (see `slm-bench recipes`)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter: stage.param=value, or param=value for every stage declaring it")
     p.add_argument("--run-dir", help="run folder (default: runs/<profile>)")
     p.add_argument("--report-dir", help="reports folder; the report goes to <report-dir>/<run id>/ (default: reports)")
     p.add_argument("--no-report", action="store_true", help="skip HTML rendering")
-    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/pipeline)")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
     p.add_argument("--force", action="store_true", help="rerun the selected stages even if cached")
     p.add_argument("--cell-timeout", type=float, help="fail a stage whose cell runs longer than this many seconds")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar (default: on a terminal)")

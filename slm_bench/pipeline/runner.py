@@ -25,7 +25,7 @@ from ..core.config import Profile, get_profile, resolve_parameters
 from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed
 from ..core.paths import find_project_root, package_dir, package_versions
-from .stages import Stage, discover_stages, select_stages
+from .stages import Stage, discover_stages, recipe_stages, select_stages
 from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256_json
 
 # %% auto #0
@@ -78,6 +78,7 @@ class RunOptions:
     report_dir: Path | None = None  # the parent of reports/<run id>/; None skips rendering
     profile: str = "tiny"
     stages: list[str] | None = None  # None: all stages
+    recipes: list[str] | None = None  # these recipes' stages and what they need (not with `stages`)
     sets: list[str] = field(default_factory=list)
     force: bool = False
     cell_timeout: float | None = None  # seconds per cell; None: no limit
@@ -118,7 +119,9 @@ def plan_run(options: RunOptions) -> Plan:
         raise BadInput(f"--cell-timeout must be positive, got {options.cell_timeout}")
     profile = get_profile(options.profile)
     stages = discover_stages(options.pipeline_dir)
-    selected = select_stages(stages, options.stages)
+    if options.recipes is not None and options.stages is not None:
+        raise BadInput("--recipe and --stages choose the stages two ways: pass one of them")
+    selected = recipe_stages(stages, options.recipes) if options.recipes is not None else select_stages(stages, options.stages)
     params = resolve_parameters({name: stage.params for name, stage in stages.items()}, profile, options.sets)
     for name in selected:
         for upstream in stages[name].inputs:
@@ -131,10 +134,11 @@ def plan_run(options: RunOptions) -> Plan:
     return Plan(options, stages, selected, {name: params[name] for name in stages}, profile)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #d98caf61
-def library_source_hash() -> str:
-    "Hash of the slm_bench package's Python sources: editing the library invalidates cached stages."
-    package = package_dir()
-    return sha256_json({p.name: sha256_bytes(p.read_bytes()) for p in sorted(package.glob("*.py"))})
+def library_source_hash(package: Path | None = None) -> str:
+    "Hash of every file of the slm_bench package, in every subpackage (code, prompts, data): editing any invalidates cached stages."
+    package = package or package_dir()
+    files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return sha256_json({p.relative_to(package).as_posix(): sha256_bytes(p.read_bytes()) for p in files})
 
 
 def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], library_hash: str) -> str:
@@ -288,7 +292,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
     for name, stage in plan.stages.items():
         manifest = read_json(options.run_dir / name / MANIFEST, None) or {}
         stages.append({
-            "name": name, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
+            "name": name, "recipe": stage.recipe, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
             "status": manifest.get("status", "missing"), "action": actions.get(name, "not selected"),
             "duration_s": manifest.get("duration_s"), "finished": manifest.get("finished"),
             "metrics": manifest.get("metrics", {}), "key_metrics": list(stage.key_metrics),

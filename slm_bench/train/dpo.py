@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import BadInput
-from ..lm.packing import IGNORE
+from ..lm.packing import IGNORE, left_pad
 
 # %% auto #0
 __all__ = ['dpo_loss', 'token_pair_tensors', 'sequence_pair_tensors', 'policy_logps', 'reference_logps', 'dpo_rows',
@@ -32,9 +32,7 @@ def token_pair_tensors(pairs: Sequence[dict], pad_id: int) -> dict:
     for i, p in enumerate(pairs):
         if len(p["chosen_ids"]) != 1 or len(p["rejected_ids"]) != 1 or not p["prompt_ids"]:
             raise BadInput(f"pair {i}: a token pair needs a non-empty prompt and exactly one chosen and one rejected token")
-    width = max(len(p["prompt_ids"]) for p in pairs)
-    ids = torch.tensor([[pad_id] * (width - len(p["prompt_ids"])) + list(p["prompt_ids"]) for p in pairs])
-    mask = torch.tensor([[0] * (width - len(p["prompt_ids"])) + [1] * len(p["prompt_ids"]) for p in pairs])
+    ids, mask = left_pad([p["prompt_ids"] for p in pairs], pad_id)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
             "chosen": torch.tensor([p["chosen_ids"][0] for p in pairs]), "rejected": torch.tensor([p["rejected_ids"][0] for p in pairs])}
 

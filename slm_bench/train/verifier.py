@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core.errors import BadInput
-from ..lm.packing import IGNORE
+from ..lm.packing import IGNORE, left_pad
 
 # %% auto #0
 __all__ = ['VerifierModel', 'verifier_example', 'TokenVerifierObjective', 'score_candidates']
@@ -103,9 +103,7 @@ def score_candidates(verifier: VerifierModel, prompts: Sequence[Sequence[int]], 
     scores = []
     for start in range(0, len(prompts), batch_size):
         seqs = [list(p) + list(s) for p, s in zip(prompts[start:start + batch_size], solutions[start:start + batch_size])]
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=device)  # left padding: the last token is at -1
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+        ids, mask = left_pad(seqs, 0, device)  # left padding: the last token is at -1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = verifier(ids, position_ids=positions, attention_mask=mask)
         scores += torch.sigmoid(logits[:, -1].float()).tolist()
