@@ -71,3 +71,43 @@ def test_bad_input_never_touches_the_default_locations(cli):
     result = cli("run", "--stages", "nope")
     assert result.returncode == 2
     assert (tree(ROOT / "runs"), tree(ROOT / "reports")) == before
+
+
+def test_lab_bad_requests_write_nothing(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    made = cli("run", "--pipeline", BASIC, "--stages", "source", "--run-dir", run_dir, "--no-report")
+    assert made.returncode == 0, made
+    before = tree(tmp_path)
+    missing = cli("lab", run_dir, "double", "--pipeline", BASIC, "--scratch", tmp_path / "scratch", "--no-browser")
+    assert missing.returncode == 2, missing
+    assert f"run {run_dir} has no finished stage 'double'; finished: source" in missing.stderr
+    not_a_run = cli("lab", tmp_path / "nowhere", "--pipeline", BASIC, "--scratch", tmp_path / "scratch", "--no-browser")
+    assert not_a_run.returncode == 2 and f"run folder {tmp_path / 'nowhere'} does not exist" in not_a_run.stderr, not_a_run
+    assert tree(tmp_path) == before, "a bad lab request must write nothing"
+
+    opened = cli("lab", run_dir, "source", "--pipeline", BASIC, "--scratch", tmp_path / "scratch", "--no-browser")
+    assert opened.returncode == 0, opened
+    assert opened.stdout.splitlines()[0] == f"prepared: {tmp_path / 'scratch' / 'run' / 'source.ipynb'}"
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("scratch")} == before  # the run is untouched
+
+
+def test_compare_bad_requests_write_nothing(cli, tmp_path):
+    (tmp_path / "folder").mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "summary.json").write_text('{"stages": [], "metrics": {}}')
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.json").write_text('{"stages": [], "metrics": {"loss": 1.0}}')
+    before = tree(tmp_path)
+    reports = tmp_path / "reports"
+    for args, message in [
+        ([tmp_path / "folder"], f"{tmp_path / 'folder'} is not a run folder: it has no readable summary.json"),
+        ([tmp_path / "nowhere"], f"{tmp_path / 'nowhere'} is not a folder"),
+        ([empty, other], "the runs empty, other have no benchmark tables or numeric metrics in common: nothing to compare"),
+        ([empty], f"{empty} has no benchmark tables yet"),
+    ]:
+        result = cli("compare", *args, "--report-dir", reports)
+        assert result.returncode == 2, result
+        assert message in result.stderr, result
+    assert tree(tmp_path) == before, "a bad compare must write nothing"

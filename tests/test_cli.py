@@ -107,3 +107,20 @@ def test_bench_pts_without_a_tiny_run_says_how_to_get_one(tmp_path):
 
     with pytest.raises(BadInput, match="make run"):
         bench_pts(run_dir=str(tmp_path))
+
+
+def test_compare_two_runs_one_set_apart(cli, tmp_path):
+    "An ablation: the same pipeline twice, one --set apart, compared in one table and written as HTML."
+    for name, factor in (("factor2", 2), ("factor3", 3)):
+        made = cli("run", "--pipeline", PIPELINES / "basic", "--run-dir", tmp_path / name, "--no-report", "--set", f"double.factor={factor}")
+        assert made.returncode == 0, made
+    result = cli("compare", tmp_path / "factor2", tmp_path / "factor3", "--report-dir", tmp_path / "reports")
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()
+    assert lines[0] == "### double/results"
+    assert [line.split("|")[1].strip() for line in lines if line.startswith("| factor")] == [
+        "factor2: doubled", "factor3: doubled", "factor2", "factor3"]  # the table's rows, then the metrics' rows
+    assert "| factor3: doubled | 9 " in result.stdout  # 0 + 3 + 6
+    page = tmp_path / "reports" / "compare" / "factor2__factor3.html"
+    assert lines[-1] == f"compare: {page}"
+    assert page.read_text().count("<table class='slm-bench'>") == 2

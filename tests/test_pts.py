@@ -7,7 +7,9 @@ import pytest
 
 from slm_bench.methods.chain_world import ChainOracle, ChainSampler, ChainWorld, planted_pivots
 from slm_bench.core.errors import BadInput
-from slm_bench.methods.pts import ProbabilityMemo, PTSConfig, PrefixStats, Question, SolutionSearch, clopper_pearson, compare, pair_records, pivotal_token_search, scan_every_prefix, trl_records
+from slm_bench.methods.pts import PTSConfig, Question, SolutionSearch, decide, subdivide, pair_records, pivotal_token_search, scan_every_prefix, trl_records
+from slm_bench.methods.pts_memo import ProbabilityMemo
+from slm_bench.methods.pts_stats import PrefixStats, clopper_pearson
 
 SYMBOLS = "ab+-dABCDEF"
 FILLER = {"a": (0.7, 0), "b": (0.3, 0)}
@@ -80,19 +82,21 @@ def test_breadth_first_search_equals_the_recursive_subdivide(chain):
     result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))
     memo = result.estimator.memo
 
-    def p(search, i):
-        stats = memo.known(search.question.id, search.question.prompt_ids + search.tokens[:i])
-        assert stats is not None and stats.trials, f"the recursion needs p at prefix {i}, which the search never estimated"
-        return stats.p
-
-    def subdivide(search, i, j):
-        if j - i == 1 or abs(p(search, i) - p(search, j)) < 0.2:
-            return [(i, j)]
-        m = search.split_point(i, j, "logprob")
-        return subdivide(search, i, m) + subdivide(search, m, j)
-
     for search in result.searches:
-        assert [(i, j) for i, j, _ in search.leaves] == subdivide(search, 0, len(search.tokens))
+        def p(prefix, search=search):
+            stats = memo.known(search.question.id, search.question.prompt_ids + list(prefix))
+            assert stats is not None and stats.trials, f"the recursion needs p at prefix {len(prefix)}, which the search never estimated"
+            return stats.p
+
+        def split(prefix, t, search=search):
+            m = search.split_point(len(prefix), len(prefix) + len(t), "logprob") - len(prefix)
+            return t[:m], t[m:]
+
+        segments, start = [], 0
+        for t in subdivide(p, (), tuple(search.tokens), 0.2, split):
+            segments.append((start, start + len(t)))
+            start += len(t)
+        assert [(i, j) for i, j, _ in search.leaves] == segments
 
 
 def test_pairs_follow_phi4(chain):
@@ -134,14 +138,14 @@ def test_clopper_pearson_and_the_decision_rule():
     lo, hi = clopper_pearson(3, 10, 0.05)
     assert lo == pytest.approx(0.066739, abs=1e-5) and hi == pytest.approx(0.652453, abs=1e-5)  # textbook values
     config = PTSConfig(adaptive=True, rollouts=64, adaptive_step=8, delta=0.05)
-    assert compare(PrefixStats(8, 8), PrefixStats(8, 0), config, final=False) == "open"  # 8 vs 8 cannot settle it yet
-    assert compare(PrefixStats(32, 32), PrefixStats(32, 0), config, final=False) == "above"
-    assert compare(PrefixStats(64, 32), PrefixStats(64, 33), config, final=False) == "open"
-    assert compare(PrefixStats(64, 32), PrefixStats(64, 33), config, final=True) == "below"
-    assert compare(PrefixStats(1, 1, exact=True), PrefixStats(1, 1, exact=True), config, final=False) == "below"
+    assert decide(PrefixStats(8, 8), PrefixStats(8, 0), config, final=False) == "open"  # 8 vs 8 cannot settle it yet
+    assert decide(PrefixStats(32, 32), PrefixStats(32, 0), config, final=False) == "above"
+    assert decide(PrefixStats(64, 32), PrefixStats(64, 33), config, final=False) == "open"
+    assert decide(PrefixStats(64, 32), PrefixStats(64, 33), config, final=True) == "below"
+    assert decide(PrefixStats(1, 1, exact=True), PrefixStats(1, 1, exact=True), config, final=False) == "below"
     fixed = PTSConfig(rollouts=16)
-    assert compare(PrefixStats(16, 8), PrefixStats(16, 12), fixed, final=False) == "above"  # 0.25 >= 0.2 on the point estimates
-    assert compare(PrefixStats(16, 8), PrefixStats(16, 11), fixed, final=False) == "below"
+    assert decide(PrefixStats(16, 8), PrefixStats(16, 12), fixed, final=False) == "above"  # 0.25 >= 0.2 on the point estimates
+    assert decide(PrefixStats(16, 8), PrefixStats(16, 11), fixed, final=False) == "below"
 
 
 def test_adaptive_error_rate_is_at_most_delta():
@@ -159,7 +163,7 @@ def test_adaptive_error_rate_is_at_most_delta():
             for stats, p in ((a, pa), (b, pb)):
                 for _ in range(16):
                     stats.add([], rng.random() < p, True, 0)
-            decision = compare(a, b, config, final=a.trials >= 256)
+            decision = decide(a, b, config, final=a.trials >= 256)
             if decision != "open":
                 break
         if a.trials < 256:

@@ -58,9 +58,13 @@ def test_report_index_and_stage_pages_in_chromium(cli, tmp_path, page):
     page.goto(index.as_uri())
     rows = page.locator("tr.stage")
     assert rows.count() == 2
-    assert rows.nth(0).locator("td").nth(1).inner_text().startswith("source")
-    assert [rows.nth(i).locator("td").nth(2).inner_text() for i in range(2)] == ["ok", "ok"]
+    assert rows.nth(0).locator("td.recipe").inner_text() == "basic"
+    assert rows.nth(0).locator("td").nth(2).inner_text().startswith("source")
+    assert [rows.nth(i).locator("td").nth(3).inner_text() for i in range(2)] == ["ok", "ok"]
     assert "total = 6" in rows.nth(1).inner_text()
+    results = page.locator("h2.results + style + table.slm-bench")  # the stage's BenchmarkTable, below the stages
+    assert page.locator("h2.results").inner_text() == "double/results"
+    assert results.locator("tr.ours td").all_inner_texts() == ["doubled", "6"]
     shot = tmp_path / "index.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 5_000
@@ -76,10 +80,12 @@ def test_report_index_and_stage_pages_in_chromium(cli, tmp_path, page):
     if (reports / "browsed" / "_static" / "require.js").exists():  # offline widget snapshot (make setup installs the JS)
         page.wait_for_selector(".widget-slider", timeout=15_000)
         assert "factor" in page.locator(".widget-slider").first.inner_text()
+    table = page.locator("table.slm-bench")  # the static table, not a widget with no kernel behind it
+    assert table.locator("tr.ours td").all_inner_texts() == ["doubled", "6"]
     page.screenshot(path=str(reports / "browsed" / "double.png"), full_page=True)
 
     page.goto((reports / "broken" / "index.html").as_uri())
     broken = page.locator("tr.stage[data-stage='boom']")
-    assert broken.locator("td").nth(2).inner_text() == "failed"
+    assert broken.locator("td").nth(3).inner_text() == "failed"
     assert "ValueError: planted failure" in broken.inner_text()
     assert page.external_requests == [], f"the report asked the network for {page.external_requests}"

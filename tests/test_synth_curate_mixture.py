@@ -75,10 +75,10 @@ def test_seed_file_errors(tmp_path):
     assert load_seed_questions(good) == ["Ann has 3 pens.", "Bo has 2 cats."]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "Ann has 3 pens."}\n{"q": "wrong key"}\n')
-    with pytest.raises(BadInput, match="bad.jsonl, row 2: needs a non-empty 'question'"):
+    with pytest.raises(BadInput, match="bad.jsonl, line 2: needs a non-empty 'question'"):
         load_seed_questions(bad)
     bad.write_text('{"question": "ok"}\n{not json\n')
-    with pytest.raises(BadInput, match="row 2: not valid JSON"):
+    with pytest.raises(BadInput, match="bad.jsonl, line 2: not valid JSON"):
         load_seed_questions(bad)
 
 
@@ -99,8 +99,6 @@ def test_filters_and_dedup():
 
 
 def test_decontamination_finds_a_paraphrase_with_new_numbers(tmp_path):
-    from slm_bench.evals.tasks import get_task, shared_data_dir
-
     test = ["Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends every day with four."]
     index = TestIndex.build({"gsm8k-like": test})
     copy = {"question": "Janet's ducks lay 20 eggs per day! She eats five for breakfast every morning and bakes muffins for her friends every day with two."}

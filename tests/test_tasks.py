@@ -1,4 +1,4 @@
-"""Tasks and the `slm-bench score` CLI on the real benchmark data (skipped with a reason when ../shared/data is absent)."""
+"""Tasks and the `slm-bench score` CLI on the real benchmark data (shipped with the package; AMC23, not shipped, is skipped with a reason when absent)."""
 import gzip
 import json
 import time
@@ -8,10 +8,23 @@ import pytest
 from conftest import tree
 from slm_bench.evals.metrics import amc_score
 from slm_bench.evals.sandbox import Sandbox
-from slm_bench.evals.tasks import get_task, normalize_latex, shared_data_dir
+from slm_bench.evals.tasks import benchmark_file, get_task, normalize_latex, packaged_data_dir
 
-DATA = shared_data_dir()
-needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data (the real benchmark files) is not present")
+needs_amc = pytest.mark.skipif(benchmark_file("amc") is None, reason="AMC23 is not shipped (its collection states no license): "
+                               "set SLM_BENCH_DATA to a folder holding amc23/test.jsonl")
+
+
+def test_benchmark_files_ship_with_the_package_and_slm_bench_data_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLM_BENCH_DATA", raising=False)
+    assert benchmark_file("gsm8k") == packaged_data_dir() / "gsm8k" / "test.jsonl.gz"
+    assert len(get_task("gsm8k").load()) == 1319
+    assert (packaged_data_dir() / "gsm8k" / "LICENSE").read_text().startswith("MIT License")
+    mine = tmp_path / "gsm8k" / "test.jsonl"
+    mine.parent.mkdir()
+    mine.write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    monkeypatch.setenv("SLM_BENCH_DATA", str(tmp_path))
+    assert benchmark_file("gsm8k") == mine
+    assert [p.gold for p in get_task("gsm8k").load()] == [2]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +33,6 @@ def box():
         yield sandbox
 
 
-@needs_data
 def test_gsm8k_all_test_answers(box):
     for name in ("gsm8k", "gsm8k-strict"):
         task = get_task(name)
@@ -33,7 +45,6 @@ def test_gsm8k_all_test_answers(box):
     assert get_task("gsm8k-strict").judge(problems[0], f"The answer is {problems[0].gold}").extracted is None  # no ####
 
 
-@needs_data
 def test_tinygsm_programs_on_gsm8k(box):
     task = get_task("tinygsm")
     problems = task.load()
@@ -45,7 +56,6 @@ def test_tinygsm_programs_on_gsm8k(box):
     assert not crash.correct and crash.error.startswith("ZeroDivisionError")
 
 
-@needs_data
 def test_math500_boxed_answers():
     task = get_task("math500")
     problems = task.load()
@@ -62,7 +72,6 @@ def test_math500_boxed_answers():
     assert task.judge(problems[0], "I give up").extracted is None
 
 
-@needs_data
 def test_svamp_answers():
     task = get_task("svamp")
     problems = task.load()
@@ -71,7 +80,7 @@ def test_svamp_answers():
     assert not any(task.judge(p, f"So the answer is {p.gold + 1}").correct for p in problems)
 
 
-@needs_data
+@needs_amc
 def test_amc_answers_and_score():
     task = get_task("amc")
     problems = task.load()
@@ -82,9 +91,8 @@ def test_amc_answers_and_score():
     assert score["run_scores"] == [150.0, 37.5] and score["score"] == 93.75
 
 
-@needs_data
 def test_humaneval_canonical_pass_and_broken_fail_through_the_cli(cli, tmp_path):
-    rows = [json.loads(line) for line in gzip.open(DATA / "humaneval" / "HumanEval.jsonl.gz", "rt")]
+    rows = [json.loads(line) for line in gzip.open(benchmark_file("humaneval"), "rt")]
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"task_id": r["task_id"], "completion": r["canonical_solution"]}) + "\n" for r in rows))
     start = time.perf_counter()
@@ -103,9 +111,8 @@ def test_humaneval_canonical_pass_and_broken_fail_through_the_cli(cli, tmp_path)
     assert metrics["accuracy"] == 0.0
 
 
-@needs_data
 def test_pass_at_k_from_the_cli(cli, tmp_path):
-    rows = [json.loads(line) for line in gzip.open(DATA / "humaneval" / "HumanEval.jsonl.gz", "rt")][:10]
+    rows = [json.loads(line) for line in gzip.open(benchmark_file("humaneval"), "rt")][:10]
     lines = []
     for r in rows:  # 4 samples per problem, 1 correct: pass@1 = 0.25, pass@2 = 1 - C(3,2)/C(4,2) = 0.5
         lines += [{"task_id": r["task_id"], "completion": r["canonical_solution"]}] + [{"task_id": r["task_id"], "completion": "    pass\n"}] * 3
@@ -115,7 +122,6 @@ def test_pass_at_k_from_the_cli(cli, tmp_path):
     assert metrics["pass@1"] == pytest.approx(0.25) and metrics["pass@2"] == pytest.approx(0.5) and metrics["skipped_k"] == [10]
 
 
-@needs_data
 @pytest.mark.parametrize("content, message", [
     ('{"idx": 0, "completion": "#### 18"}\n{"idx": 1, "completion": \n', "line 2: not valid JSON"),
     ('{"idx": 0, "completion": "#### 18"}\n{"idx": 99999, "completion": "x"}\n', "line 2: unknown problem idx 99999"),
@@ -132,17 +138,15 @@ def test_bad_samples(cli, tmp_path, content, message):
     assert tree(tmp_path) == before  # no partial output
 
 
-@needs_data
 def test_data_of_the_wrong_shape(cli, tmp_path):
     samples = tmp_path / "s.jsonl"
     samples.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n')
-    result = cli("score", "--task", "humaneval", "--data", DATA / "gsm8k" / "test.jsonl", "--samples", samples)
+    result = cli("score", "--task", "humaneval", "--data", benchmark_file("gsm8k"), "--samples", samples)
     assert result.returncode == 2 and "does not look like humaneval data" in result.stderr, result
     assert cli("score", "--task", "nope", "--samples", samples).returncode == 2
     assert not (tmp_path / "s_scored.jsonl").exists()
 
 
-@needs_data
 def test_prompts():
     gsm = get_task("gsm8k")
     problem = gsm.load()[0]

@@ -5,17 +5,20 @@
 # %% ../../nbs/core/02_store.ipynb #eda660af
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+from .errors import BadInput
 
 # %% auto #0
 __all__ = ['atomic_write_bytes', 'atomic_write_text', 'to_jsonable', 'atomic_write_json', 'read_json', 'write_jsonl',
-           'read_jsonl', 'sha256_bytes', 'sha256_file', 'sha256_json', 'hash_tree']
+           'jsonl_objects', 'read_jsonl', 'sha256_bytes', 'sha256_file', 'sha256_json', 'hash_tree']
 
 # %% ../../nbs/core/02_store.ipynb #90cdd85d
 def _umask() -> int:
@@ -84,11 +87,29 @@ def write_jsonl(path: Path | str, rows: Iterable[Any]) -> Path:
     "One JSON object per line, written atomically."
     return atomic_write_text(path, "".join(json.dumps(to_jsonable(row)) + "\n" for row in rows))
 
+# %% ../../nbs/core/02_store.ipynb #a24d0e55
+def jsonl_objects(lines: Iterable[str], path: Path | str) -> Iterator[tuple[int, dict]]:
+    "(line number, object) for each non-blank line; a line that is not a JSON object is a `BadInput` naming file and line."
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise BadInput(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(row, dict):
+            raise BadInput(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
 
-def read_jsonl(path: Path | str) -> list:
-    "The objects of a JSONL file (blank lines skipped)."
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+
+def read_jsonl(path: Path | str) -> list[dict]:
+    "The objects of a .jsonl or .jsonl.gz file (blank lines skipped); a missing file or a bad line is a `BadInput`."
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [row for _, row in jsonl_objects(f, path)]
 
 # %% ../../nbs/core/02_store.ipynb #f2d668b7
 def sha256_bytes(data: bytes) -> str:

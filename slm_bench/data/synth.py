@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from ..core.errors import BadInput
+from ..core.store import jsonl_objects
 
 # %% auto #0
 __all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB', 'VERIFIER_VOCAB', 'ALL_VOCAB', 'FAMILIES',
@@ -528,16 +529,11 @@ def load_seed_questions(path) -> list[str]:
     if not path.is_file():
         raise BadInput(f"seed file {path} does not exist")
     seeds = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise BadInput(f"{path}, row {number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
-            raise BadInput(f"{path}, row {number}: needs a non-empty 'question' string")
-        seeds.append(row["question"].strip())
+    with open(path, encoding="utf-8") as f:
+        for number, row in jsonl_objects(f, path):
+            if not isinstance(row.get("question"), str) or not row["question"].strip():
+                raise BadInput(f"{path}, line {number}: needs a non-empty 'question' string")
+            seeds.append(row["question"].strip())
     if not seeds:
         raise BadInput(f"seed file {path} holds no questions")
     return seeds

@@ -13,7 +13,8 @@ from typing import Sequence
 from ..core.errors import BadInput
 from .metrics import accuracy_ci, amc_score, format_ok, mean_pass_at_k
 from ..core.store import atomic_write_text, to_jsonable
-from .tasks import Problem, Task, get_task, jsonl_objects
+from ..core.store import jsonl_objects
+from .tasks import Problem, Task, get_task
 
 # %% auto #0
 __all__ = ['read_samples', 'score_samples']

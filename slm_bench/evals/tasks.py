@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..core.errors import BadInput
-from ..core.paths import find_project_root
+from ..core.paths import find_project_root, package_dir
+from ..core.store import read_jsonl
 
 # %% auto #0
-__all__ = ['SHARED_DATA', 'TINYGSM_ENTRY', 'HUMANEVAL_PRESETS', 'LETTERS', 'ORCA2_ANCHORS', 'TASKS', 'Problem', 'Judgement',
-           'jsonl_objects', 'read_rows', 'shared_data_dir', 'parse_number', 'numbers_equal', 'Task', 'gsm8k_gold',
+__all__ = ['BENCHMARK_FILES', 'TINYGSM_ENTRY', 'HUMANEVAL_PRESETS', 'LETTERS', 'ORCA2_ANCHORS', 'TASKS', 'Problem', 'Judgement',
+           'read_rows', 'packaged_data_dir', 'benchmark_file', 'parse_number', 'numbers_equal', 'Task', 'gsm8k_gold',
            'GSM8K', 'tinygsm_prompt', 'TinyGSMPython', 'last_boxed', 'math_extract', 'normalize_latex', 'math_equal',
            'MATH', 'HumanEval', 'SVAMP', 'AMC', 'extract_choice', 'MultipleChoice', 'mcq_loglik_choice', 'get_task']
 
@@ -44,29 +45,14 @@ class Judgement:
     error: str | None = None  # why it could not be judged or failed (exception type, "no answer", ...)
 
 
-def jsonl_objects(lines, path) -> Iterator[tuple[int, dict]]:
-    "(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is a `BadInput` naming file and line."
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise BadInput(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(row, dict):
-            raise BadInput(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
-        yield number, row
-
-
 def read_rows(path: Path | str) -> list[dict]:
-    "Rows of a .jsonl, .jsonl.gz or .json (a list of objects) file; malformed lines are a `BadInput` naming file and line."
+    "Rows of a .jsonl, .jsonl.gz, .json or .json.gz (a list of objects) file; malformed lines are a `BadInput` naming file and line."
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"data file {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        if path.name.endswith((".jsonl", ".jsonl.gz")):
-            return [row for _, row in jsonl_objects(f, path)]
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return read_jsonl(path)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
         try:
             data = json.load(f)
         except json.JSONDecodeError as error:
@@ -75,24 +61,31 @@ def read_rows(path: Path | str) -> list[dict]:
         raise BadInput(f"{path}: expected a JSON list of objects")
     return data
 
+# %% ../../nbs/evals/02_tasks.ipynb #b407b60c
+BENCHMARK_FILES = {"gsm8k": "gsm8k/test.jsonl", "gsm8k-train": "gsm8k/train.jsonl", "tinygsm": "gsm8k/test.jsonl",
+                   "math": "math500/test.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz", "svamp": "svamp/SVAMP.json",
+                   "amc": "amc23/test.jsonl"}
 
-SHARED_DATA = {"gsm8k": "gsm8k/test.jsonl", "tinygsm": "gsm8k/test.jsonl", "math": "math500/test.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz",
-               "svamp": "svamp/SVAMP.json", "amc": "amc23/test.jsonl"}
+
+def packaged_data_dir() -> Path:
+    "The benchmark files shipped inside the package."
+    return package_dir() / "evals" / "datasets"
 
 
-def shared_data_dir() -> Path | None:
-    "The real benchmark data: `$SLM_BENCH_DATA`, else `shared/data` beside the project root (or beside a folder above it)."
+def benchmark_file(key: str) -> Path | None:
+    "The real data file for `key` (see `BENCHMARK_FILES`): under `$SLM_BENCH_DATA` if set, else shipped, else in `shared/data` above the checkout; None if none."
     import os
 
+    if key not in BENCHMARK_FILES:
+        raise BadInput(f"no benchmark file is known as {key!r}; known: {', '.join(BENCHMARK_FILES)}")
+    relative = BENCHMARK_FILES[key]
+    forms = [relative] if relative.endswith(".gz") else [relative, relative + ".gz"]
     if os.environ.get("SLM_BENCH_DATA"):
-        folder = Path(os.environ["SLM_BENCH_DATA"]).expanduser()
-        return folder if folder.is_dir() else None
-    root = find_project_root()
-    for parent in (root.parents if root else ()):
-        candidate = parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return None
+        folders = [Path(os.environ["SLM_BENCH_DATA"]).expanduser()]
+    else:
+        root = find_project_root()
+        folders = [packaged_data_dir(), *(parent / "shared" / "data" for parent in (root.parents if root else ()))]
+    return next((folder / form for folder in folders for form in forms if (folder / form).is_file()), None)
 
 # %% ../../nbs/evals/02_tasks.ipynb #f61c57d5
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
@@ -130,7 +123,7 @@ def numbers_equal(a: Any, b: Any, rel: float = 1e-9) -> bool:
 class Task:
     "A benchmark: loading, prompting, extraction, judging. Subclasses override what differs."
     name = "task"
-    data_key = ""  # which shared data file is this task's default (see SHARED_DATA)
+    data_key = ""  # which benchmark file is this task's default (see BENCHMARK_FILES; default: the task's name)
     required_keys: tuple[str, ...] = ()
     needs_sandbox = False
 
@@ -147,11 +140,10 @@ class Task:
 
     def _rows(self, source, split) -> tuple[list[dict], str]:
         if source is None:
-            shared = shared_data_dir()
             key = self.data_key or self.name
-            if shared is None or key not in SHARED_DATA:
-                raise BadInput(f"no data file given for task {self.name!r} and no shared data folder found; pass --data PATH")
-            source = shared / SHARED_DATA[key]
+            source = benchmark_file(key) if key in BENCHMARK_FILES else None
+            if source is None:
+                raise BadInput(f"no data file given for task {self.name!r} and none is shipped or under $SLM_BENCH_DATA; pass --data PATH")
         path = Path(source).expanduser()
         if path.exists():
             return read_rows(path), str(path)
@@ -234,10 +226,9 @@ class GSM8K(Task):
         return problem.row.get("answer", f"#### {problem.gold}")
 
     def load_shots(self, source: Path | str | None = None, k: int = 8) -> list[Problem]:
-        "k exemplars from the training split (`train.jsonl` beside the shared test file by default)."
+        "k exemplars from the training split (GSM8K's train file by default)."
         if source is None:
-            shared = shared_data_dir()
-            source = shared / "gsm8k" / "train.jsonl" if shared else None
+            source = benchmark_file("gsm8k-train")
         return self.load(source)[:k]
 
     def extract(self, completion: str) -> Fraction | None:

@@ -17,8 +17,8 @@ from ..core.paths import find_project_root, project_root, resolve_path
 
 # %% auto #0
 __all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
-           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_serve', 'cmd_score', 'cmd_bench',
-           'build_parser', 'main']
+           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_lab', 'cmd_serve', 'cmd_score',
+           'cmd_bench', 'build_parser', 'main']
 
 # %% ../../nbs/pipeline/09_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
@@ -144,6 +144,35 @@ def cmd_report(args) -> int:
     print(f"report: {index}")
     return 0
 
+def cmd_compare(args) -> int:
+    "One table across runs (each table every run has, and the metrics they share), printed and written as HTML."
+    from slm_bench.pipeline.compare import compare_markdown, compare_page, compare_runs, run_labels
+
+    run_dirs = [resolve_path(p) for p in args.run_dirs]
+    tables = compare_runs(run_dirs)
+    name = "__".join(label.replace("/", "_") for label in run_labels(run_dirs))
+    out = resolve_path(args.out) if args.out else default_report_dir(args.report_dir) / "compare" / f"{name}.html"
+    if out.is_dir():
+        raise BadInput(f"--out {out} is a folder; give a file name (e.g. {out / 'compare.html'})")
+    print(compare_markdown(tables))
+    print(f"\ncompare: {compare_page(tables, run_dirs, out)}")
+    return 0
+
+
+def cmd_lab(args) -> int:
+    "Prepare a finished run's stage notebook(s) with the run's inputs and a scratch output folder; start JupyterLab on them."
+    from slm_bench.pipeline.lab import lab_command, prepare_lab, start_lab
+
+    notebooks = prepare_lab(resolve_path(args.run_dir), args.stage, default_pipeline_dir(args.pipeline),
+                            resolve_path(args.scratch) if args.scratch else _base() / "runs" / "lab")
+    for notebook in notebooks:
+        print(f"prepared: {notebook}")
+    if args.no_browser:
+        print("open with: " + " ".join(lab_command(notebooks, args.port, args.token)))
+        return 0
+    return start_lab(notebooks, args.port, args.token)
+
+
 def cmd_serve(args) -> int:
     "Serve a checkpoint as an OpenAI-compatible endpoint until Ctrl-C."
     from slm_bench.infer.serve import serve
@@ -251,6 +280,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run folder (holding summary.json)")
     p.add_argument("--report-dir", help="reports folder (default: reports)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="one table across runs (an ablation: two runs one --set apart), printed and written as HTML")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding summary.json)")
+    p.add_argument("--out", help="the HTML file to write (default: <report-dir>/compare/<runs>.html)")
+    p.add_argument("--report-dir", help="reports folder (default: reports)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("lab", help="open a finished run's stage in JupyterLab (parameters point at the run; outputs go to a scratch folder)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    p.add_argument("stage", nargs="?", help="the stage to open (default: every finished stage)")
+    p.add_argument("--scratch", help="where the prepared notebooks and their outputs go (default: runs/lab/<run id>/)")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
+    p.add_argument("--no-browser", action="store_true", help="only prepare the notebooks and print how to open them")
+    p.add_argument("--port", type=int, help="JupyterLab's port")
+    p.add_argument("--token", help="JupyterLab's access token")
+    p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint (loopback by default)")
     p.add_argument("checkpoint", help="HF-format checkpoint folder (or a hub id)")

@@ -17,12 +17,13 @@ from ..core.paths import resolve_path
 from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['MANIFEST', 'METRICS', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'METRICS_MIME', 'format_metric', 'StageContext',
+__all__ = ['MANIFEST', 'METRICS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'METRICS_MIME', 'format_metric', 'StageContext',
            'metrics_table_html', 'open_stage']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
 METRICS = "metrics.json"  # the metrics a stage recorded with `StageContext.record`
+TABLES = "tables"  # the benchmark tables a stage showed with `StageContext.show_table` (JSON, read by `slm-bench compare`)
 EXECUTED_NOTEBOOK = "notebook.ipynb"  # the executed copy of the stage notebook
 ATTEMPT = ".attempt.json"  # the runner's note of an attempt in progress (cache key, attempt count)
 METRICS_MIME = "application/vnd.slm-bench.metrics+json"
@@ -76,6 +77,11 @@ class StageContext:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
         atomic_write_bytes(self.path(relative), buffer.getvalue())
+
+    def show_table(self, table, name: str = "results") -> None:
+        "Save a `BenchmarkTable` as `tables/<name>.json` (what `slm-bench compare` reads) and display it."
+        table.save(self.path(Path(TABLES) / f"{name}.json"))
+        table.show()
 
     def record(self, **metrics: Any) -> None:
         "Merge `metrics` into the stage's metrics.json (read by the runner, summary and report) and show them as a table."

@@ -71,6 +71,15 @@ STAGE_TEMPLATE = r"""
 """
 
 
+def _prefer_static_html(nb):
+    "Outputs that ask for it (e.g. `BenchmarkTable`) show their static HTML in reports, not a widget with no kernel behind it."
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("metadata", {}).get("slm_bench", {}).get("report") == "text/html" and "text/html" in output.get("data", {}):
+                output["data"] = {"text/html": output["data"]["text/html"]}
+    return nb
+
+
 def render_stage_page(executed: Path, page: Path, info: dict) -> Path:
     "Render an executed stage notebook to a self-contained HTML page (`info`: run_id, stage, status, duration)."
     import nbformat
@@ -83,7 +92,7 @@ def render_stage_page(executed: Path, page: Path, info: dict) -> Path:
         exclude_input_prompt=True, exclude_output_prompt=True,
         require_js_url=f"_static/{REQUIRE_JS}", widget_renderer_url=f"_static/{WIDGET_RENDERER}",
     )
-    nb = nbformat.read(executed, as_version=4)
+    nb = _prefer_static_html(nbformat.read(executed, as_version=4))
     body, _ = exporter.from_notebook_node(nb, resources={"slm": info, "metadata": {"name": f"{info['stage']} · {info['run_id']}"}})
     return atomic_write_text(page, body)
 
@@ -120,8 +129,9 @@ def _thumbnails(paths: list[str]) -> str:
     return "".join(f"<a href='{html.escape(p)}'><img class='thumb' src='{html.escape(p)}' alt='{html.escape(p)}'></a>" for p in paths)
 
 
-def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figures: dict[str, list[str]] | None = None) -> str:
-    "The run's index page: run facts, then one row per stage with status, duration, key metrics, figure thumbnails and a link."
+def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figures: dict[str, list[str]] | None = None,
+               tables: dict | None = None) -> str:
+    "The run's index page: run facts, one row per stage with status, duration, key metrics, figures and a link, then the results tables."
     e = html.escape
     figures = figures or {}
     rows = []
@@ -133,7 +143,7 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
         error_html = (f"<div class='error'>{e(error['kind'])} in cell {e(str(error.get('cell')))}: {e(error['ename'])}: {e(str(error['evalue']))[:400]}</div>"
                       if error else "")
         rows.append(
-            f"<tr class='stage' data-stage='{e(name)}'><td>{number}</td><td>{link}<div class='about'>{e(entry.get('about', ''))}</div>"
+            f"<tr class='stage' data-stage='{e(name)}'><td>{number}</td><td class='recipe'>{e(entry.get('recipe', ''))}</td><td>{link}<div class='about'>{e(entry.get('about', ''))}</div>"
             f"<details><summary>parameters</summary>{params or '<br>(none)'}</details></td>"
             f"<td class='{e(status)}'>{e(status)}</td><td>{e(entry.get('action', ''))}</td>"
             f"<td>{e(_duration(entry.get('duration_s')))}</td><td>{_metrics_cell(entry)}{error_html}</td>"
@@ -149,10 +159,11 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
  &middot; this invocation {e(_duration(summary.get('duration_s')))}<br>run folder <code>{e(summary['run_dir'])}</code>
  &middot; pipeline <code>{e(summary['pipeline'])}</code><br>command <code>{e(summary.get('command') or '')}</code></div>
 {note}
-<table class="stages"><thead><tr><th>#</th><th>stage</th><th>status</th><th>this run</th><th>duration</th><th>key metrics</th><th>figures</th></tr></thead>
+<table class="stages"><thead><tr><th>#</th><th>recipe</th><th>stage</th><th>status</th><th>this run</th><th>duration</th><th>key metrics</th><th>figures</th></tr></thead>
 <tbody>
 {''.join(rows)}
 </tbody></table>
+{''.join(f"<h2 class='results'>{e(name)}</h2>{table.to_html()}" for name, table in (tables or {}).items())}
 </body></html>
 """
 
@@ -200,4 +211,7 @@ def render_report(run_dir: Path | str, report_dir: Path | str, force: bool = Fal
         pages[name] = page.name
     figures = {entry["name"]: copy_figures(run_dir / entry["name"], target / "figures" / entry["name"]) for entry in summary["stages"]}
     atomic_write_json(target / RENDERED, rendered)
-    return atomic_write_text(target / "index.html", index_html(summary, pages, widgets_offline, figures))
+    from slm_bench.pipeline.compare import read_run
+
+    tables = read_run(run_dir)[1]
+    return atomic_write_text(target / "index.html", index_html(summary, pages, widgets_offline, figures, tables))

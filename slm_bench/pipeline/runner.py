@@ -32,7 +32,7 @@ from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, 
 __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'RunInterrupted', 'ensure_kernel', 'RunOptions', 'Plan',
            'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell', 'describe_failure',
            'failure_message', 'prepare_stage_dir', 'kernel_environment', 'execute_stage', 'build_summary',
-           'run_metrics', 'run_dir_lock', 'interrupt_stops_kernels', 'run_pipeline', 'run_command_line']
+           'run_metrics', 'run_dir_lock', 'interrupt_stops_kernels', 'log_results', 'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -380,6 +380,15 @@ def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
     return "  ".join(f"{k}={format_metric(metrics[k])}" for k in names)
 
 
+def log_results(run_dir: Path, log: Callable[[str], None]) -> None:
+    "The run's benchmark tables (what its stages showed with `show_table`), as Markdown."
+    from slm_bench.pipeline.compare import compare_markdown, read_run
+
+    tables = read_run(run_dir)[1]
+    if tables:
+        log("\nresults (slm-bench compare " + str(run_dir) + "):\n\n" + compare_markdown(tables))
+
+
 def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
     "Execute a validated plan; returns the summary. Raises `StageFailed` or `RunInterrupted` after writing the summary and report."
     from slm_bench.pipeline.report import render_report  # the report module imports nbconvert: keep `slm-bench stages` light
@@ -397,6 +406,8 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
         if options.report_dir is not None:
             render_report(options.run_dir, options.report_dir, log=log)
             log(f"report: {report_index}")
+        if status == "ok":
+            log_results(options.run_dir, log)
         return summary
 
     with run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted:

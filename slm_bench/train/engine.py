@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..core.errors import BadInput
 from ..lm.packing import IGNORE
-from ..core.store import atomic_write_json, read_json
+from ..core.store import atomic_write_json, read_json, read_jsonl
 
 # %% auto #0
 __all__ = ['TrainConfig', 'warmup_for', 'make_optimizer', 'make_schedule', 'Objective', 'CausalLM', 'PackedRows',
@@ -304,4 +304,4 @@ def _logged_step(line: str) -> int | None:
 def read_metrics(out_dir: Path | str) -> list[dict]:
     "The metrics.jsonl of a training run, one dict per logged step."
     path = Path(out_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(path) if path.exists() else []
