@@ -67,7 +67,8 @@ def test_bench_matmul_reports_ratio_to_numpy(cli):
 
 
 def test_sampler_and_train_benchmarks_report_ratios():
-    from slm_bench.bench.core import bench_sampler, bench_train
+    from slm_bench.bench.sampler import bench_sampler
+    from slm_bench.bench.train import bench_train
 
     s = bench_sampler(preset="llama-0.5m", prompts=2, prompt_len=16, samples=2, new_tokens=4, runs=1)
     assert s["ratio"] == round(s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"], 3) or abs(
@@ -94,7 +95,7 @@ def test_presets_report(cli):
 
 
 def test_sandbox_benchmark_small():
-    from slm_bench.bench.core import bench_sandbox
+    from slm_bench.bench.sandbox import bench_sandbox
 
     result = bench_sandbox(n=30, workers=1)
     assert result["pool_correct"] == 30 and result["baseline_correct"] == 30

@@ -33,6 +33,25 @@ def _name(node: ast.expr) -> str | None:
     return None
 
 
+def _conform_scalar(value: Any, kind: type) -> tuple[bool, Any]:
+    "`conform` for a plain type: an int fits a float (and becomes one); a bool is never an int or a float."
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    return isinstance(value, kind), value
+
+# %% ../../nbs/core/03_config.ipynb #9a812984
+def _first_fit(value: Any, options) -> tuple[bool, Any]:
+    "`conform` against the first of the annotations `options` that `value` fits; `(False, value)` when none does."
+    for option in options:
+        ok, converted = conform(value, option)
+        if ok:
+            return True, converted
+    return False, value
+
+
 def conform(value: Any, ann: ast.expr) -> tuple[bool, Any]:
     "Whether `value` fits the annotation `ann`, and the value converted to it (int→float)."
     if isinstance(ann, ast.Constant) and ann.value is None:
@@ -40,57 +59,48 @@ def conform(value: Any, ann: ast.expr) -> tuple[bool, Any]:
     if isinstance(ann, ast.Constant) and isinstance(ann.value, str):  # a string annotation
         return conform(value, ast.parse(ann.value, mode="eval").body)
     if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
-        for side in (ann.left, ann.right):
-            ok, converted = conform(value, side)
-            if ok:
-                return True, converted
-        return False, value
+        return _first_fit(value, (ann.left, ann.right))
     name = _name(ann)
     if name in ("Any", "object"):
         return True, value
     if name in _SCALARS:
-        kind = _SCALARS[name]
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            return ok, float(value) if ok else value
-        if kind is int:
-            return isinstance(value, int) and not isinstance(value, bool), value
-        return isinstance(value, kind), value
+        return _conform_scalar(value, _SCALARS[name])
     if isinstance(ann, ast.Subscript):
-        outer = _name(ann.value)
-        args = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
-        if outer == "Optional":
-            return (True, None) if value is None else conform(value, args[0])
-        if outer == "Union":
-            for arg in args:
-                ok, converted = conform(value, arg)
-                if ok:
-                    return True, converted
-            return False, value
-        if outer == "Literal":
-            return any(value == ast.literal_eval(arg) and type(value) is type(ast.literal_eval(arg)) for arg in args), value
-        if outer in ("list", "List") and isinstance(value, list):
-            results = [conform(v, args[0]) for v in value]
-            return all(ok for ok, _ in results), [v for _, v in results]
-        if outer in ("tuple", "Tuple") and isinstance(value, (tuple, list)):
-            if len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is Ellipsis:
-                results = [conform(v, args[0]) for v in value]
-            elif len(args) == len(value):
-                results = [conform(v, a) for v, a in zip(value, args)]
-            else:
-                return False, value
-            return all(ok for ok, _ in results), tuple(v for _, v in results)
-        if outer in ("dict", "Dict") and isinstance(value, dict) and len(args) == 2:
-            results = [(conform(k, args[0]), conform(v, args[1])) for k, v in value.items()]
-            ok = all(k[0] and v[0] for k, v in results)
-            return ok, {k[1]: v[1] for k, v in results}
-        return False, value
+        return _conform_subscript(value, ann)
     raise ValueError(f"unsupported parameter annotation {ast.unparse(ann)!r}")
 
 
 def accepts_str(ann: ast.expr) -> bool:
     "Whether a plain (unquoted) string is a valid value for `ann`."
     return conform("some text", ann)[0]
+
+# %% ../../nbs/core/03_config.ipynb #f1615ccb
+def _conform_subscript(value: Any, ann: ast.Subscript) -> tuple[bool, Any]:
+    "`conform` for `Optional[T]`, `Union[...]`, `Literal[...]`, `list[T]`, `tuple[...]` and `dict[K, V]`."
+    outer = _name(ann.value)
+    args = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+    if outer == "Optional":
+        return (True, None) if value is None else conform(value, args[0])
+    if outer == "Union":
+        return _first_fit(value, args)
+    if outer == "Literal":
+        return any(value == ast.literal_eval(arg) and type(value) is type(ast.literal_eval(arg)) for arg in args), value
+    if outer in ("list", "List") and isinstance(value, list):
+        results = [conform(v, args[0]) for v in value]
+        return all(ok for ok, _ in results), [v for _, v in results]
+    if outer in ("tuple", "Tuple") and isinstance(value, (tuple, list)):
+        if len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is Ellipsis:
+            results = [conform(v, args[0]) for v in value]
+        elif len(args) == len(value):
+            results = [conform(v, a) for v, a in zip(value, args)]
+        else:
+            return False, value
+        return all(ok for ok, _ in results), tuple(v for _, v in results)
+    if outer in ("dict", "Dict") and isinstance(value, dict) and len(args) == 2:
+        results = [(conform(k, args[0]), conform(v, args[1])) for k, v in value.items()]
+        ok = all(k[0] and v[0] for k, v in results)
+        return ok, {k[1]: v[1] for k, v in results}
+    return False, value
 
 # %% ../../nbs/core/03_config.ipynb #542e5d67
 @dataclass(frozen=True)
@@ -113,28 +123,30 @@ class ParamSpec:
             raise BadInput(f"{where}: {self.name} must be {self.annotation}, got {value!r} ({type(value).__name__})")
         return converted
 
-    def parse(self, text: str, where: str) -> Any:
-        "A command-line string turned into a value of this parameter's type (`true`/`false` for bools, Python literals otherwise)."
-        node = self.type_node
-        lowered = text.strip().lower()
-        if lowered in ("true", "false", "yes", "no", "on", "off") and conform(True, node)[0]:
-            return lowered in ("true", "yes", "on")
-        if lowered in ("none", "null") and conform(None, node)[0]:
-            return None
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            value = _NOT_A_LITERAL
-        if value is not _NOT_A_LITERAL:
-            ok, converted = conform(value, node)
-            if ok:
-                return converted
-        if accepts_str(node):
-            return text
-        raise BadInput(f"{where}: {text!r} is not a valid {self.annotation} for parameter {self.name}")
+# %% ../../nbs/core/03_config.ipynb #dd60cdfb
+def _parse(self: ParamSpec, text: str, where: str) -> Any:
+    "A command-line string turned into a value of this parameter's type (`true`/`false` for bools, Python literals otherwise)."
+    node = self.type_node
+    lowered = text.strip().lower()
+    if lowered in ("true", "false", "yes", "no", "on", "off") and conform(True, node)[0]:
+        return lowered in ("true", "yes", "on")
+    if lowered in ("none", "null") and conform(None, node)[0]:
+        return None
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = _NOT_A_LITERAL
+    if value is not _NOT_A_LITERAL:
+        ok, converted = conform(value, node)
+        if ok:
+            return converted
+    if accepts_str(node):
+        return text
+    raise BadInput(f"{where}: {text!r} is not a valid {self.annotation} for parameter {self.name}")
 
 
 _NOT_A_LITERAL = object()
+ParamSpec.parse = _parse
 
 # %% ../../nbs/core/03_config.ipynb #783f676c
 def _trailing_comments(source: str) -> dict[int, str]:
@@ -148,7 +160,7 @@ def _trailing_comments(source: str) -> dict[int, str]:
         pass
     return comments
 
-
+# %% ../../nbs/core/03_config.ipynb #70982f6e
 def parse_parameters_cell(source: str, where: str) -> dict[str, ParamSpec]:
     "The typed parameters declared in a `parameters` cell's source; `where` names the notebook in errors."
     try:
@@ -217,7 +229,7 @@ PROFILES: dict[str, Profile] = {
     ]
 }
 
-
+# %% ../../nbs/core/03_config.ipynb #9bce558c
 def get_profile(name: str) -> Profile:
     "The profile called `name`, or a `BadInput` listing the known ones."
     if name not in PROFILES:
@@ -247,7 +259,7 @@ def _targets(key: str, stage_params: dict[str, dict[str, ParamSpec]], source: st
         raise BadInput(f"{source}: {key!r} is set by the runner; use --run-dir instead")
     return found
 
-
+# %% ../../nbs/core/03_config.ipynb #aadf7833
 def parse_set(assignment: str) -> tuple[str, str]:
     "`key=value` from the command line, split and checked."
     key, sep, value = assignment.partition("=")

@@ -37,7 +37,7 @@ def package_dir() -> Path:
     "The folder of the installed slm_bench package (works in notebooks, where `__file__` is undefined)."
     return Path(importlib.util.find_spec(LIB_NAME).origin).resolve().parent
 
-
+# %% ../../nbs/core/01_paths.ipynb #de613cf5
 def find_project_root(start: Path | str | None = None) -> Path | None:
     "The slm_bench checkout at or above `start` (default: cwd), else the one holding this package, else None."
     here = Path(start or Path.cwd()).resolve()
@@ -59,7 +59,7 @@ def project_root(start: Path | str | None = None) -> Path:
         )
     return root
 
-
+# %% ../../nbs/core/01_paths.ipynb #2fd4304f
 def resolve_path(path: Path | str, root: Path | None = None) -> Path:
     "`path` made absolute: relative paths are taken from the project root (or cwd outside a checkout)."
     path = Path(path).expanduser()

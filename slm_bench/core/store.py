@@ -49,7 +49,7 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
     "`atomic_write_bytes` for UTF-8 text."
     return atomic_write_bytes(path, text.encode("utf-8"))
 
-
+# %% ../../nbs/core/02_store.ipynb #eda849a1
 def to_jsonable(obj: Any) -> Any:
     "Plain JSON types for numpy/torch scalars, paths, tuples and sets; non-finite floats become None."
     if isinstance(obj, dict):
@@ -68,7 +68,7 @@ def to_jsonable(obj: Any) -> Any:
         return to_jsonable(obj.tolist())
     raise TypeError(f"cannot store {type(obj).__name__} as JSON: {obj!r}")
 
-
+# %% ../../nbs/core/02_store.ipynb #1d901bdc
 def atomic_write_json(path: Path | str, obj: Any) -> Path:
     "Write `obj` as indented JSON, atomically."
     return atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
@@ -83,11 +83,12 @@ def read_json(path: Path | str, default: Any = ...) -> Any:
             raise
         return default
 
+# %% ../../nbs/core/02_store.ipynb #a24d0e55
 def write_jsonl(path: Path | str, rows: Iterable[Any]) -> Path:
     "One JSON object per line, written atomically."
     return atomic_write_text(path, "".join(json.dumps(to_jsonable(row)) + "\n" for row in rows))
 
-# %% ../../nbs/core/02_store.ipynb #a24d0e55
+
 def jsonl_objects(lines: Iterable[str], path: Path | str) -> Iterator[tuple[int, dict]]:
     "(line number, object) for each non-blank line; a line that is not a JSON object is a `BadInput` naming file and line."
     for number, line in enumerate(lines, 1):
@@ -130,7 +131,7 @@ def sha256_json(obj: Any) -> str:
     text = json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"))
     return sha256_bytes(text.encode("utf-8"))
 
-
+# %% ../../nbs/core/02_store.ipynb #7e86d5c1
 def hash_tree(folder: Path | str, exclude: Iterable[str] = ()) -> dict[str, dict]:
     "`{relative posix path: {sha256, bytes}}` for every file under `folder`, skipping `exclude`d top-level names and dotfiles."
     folder, skip = Path(folder), set(exclude)

@@ -33,7 +33,7 @@ def text_problems(record: dict, min_question_words: int = 8, min_program_lines: 
         reasons.append("program too short")
     return reasons
 
-
+# %% ../../nbs/data/01_curate.ipynb #c84f351e
 def run_filters(records: Sequence[dict], sandbox, min_question_words: int = 8) -> tuple[list[dict], Counter]:
     "Records that pass the text filters and whose program runs and returns a number; the drop reasons counted."
     from slm_bench.evals.sandbox import Program
@@ -64,7 +64,7 @@ def normalize_for_dedup(text: str) -> str:
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     return " ".join(re.sub(r"[^a-z0-9 ]+", " ", text.lower()).split())
 
-
+# %% ../../nbs/data/01_curate.ipynb #a1a90c25
 def dedup(records: Sequence[dict], key: str = "question") -> tuple[list[dict], dict[str, int]]:
     "First occurrence of each question, exact then normalised; counts of both kinds of duplicate."
     seen_exact, seen_norm, kept = set(), set(), []
@@ -94,7 +94,7 @@ def content_words(text: str, strip_numbers: bool = True) -> list[str]:
 def ngrams(words: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
-
+# %% ../../nbs/data/01_curate.ipynb #f1c9a4d0
 @dataclass
 class TestIndex:
     "Word n-grams of every evaluation item, by n, with the items they come from."
@@ -124,7 +124,7 @@ class TestIndex:
                 hits[k] += 1
         return dict(hits)
 
-
+# %% ../../nbs/data/01_curate.ipynb #245191f0
 def allowed_13grams(index: TestIndex, train_texts: Iterable[str], min_test_items: int = 3, min_train_texts: int = 3) -> set[tuple]:
     "Phi-4's allow-list: 13-grams ubiquitous on both sides (in ≥ min_test_items test items and ≥ min_train_texts training texts)."
     common_in_test = {g for g, ks in index.grams[13].items() if len(set(ks)) >= min_test_items}
@@ -133,7 +133,7 @@ def allowed_13grams(index: TestIndex, train_texts: Iterable[str], min_test_items
         counts.update(g for g in ngrams(content_words(text), 13) if g in common_in_test)
     return {g for g, c in counts.items() if c >= min_train_texts}
 
-
+# %% ../../nbs/data/01_curate.ipynb #49654107
 @dataclass
 class Verdict:
     status: str  # clean / partial / contaminated
@@ -152,7 +152,7 @@ def tinygsm_verdict(text: str, index: TestIndex, n: int = 13) -> Verdict:
     name, i, item_text = index.items[k]
     return Verdict("contaminated", f"tinygsm-{n}gram", hits[k], (name, i), item_text)
 
-
+# %% ../../nbs/data/01_curate.ipynb #fbabe6ae
 def phi4_verdict(text: str, index: TestIndex, allow: set[tuple] = frozenset(), contaminated_at: float = 0.5,
                  partial_at: float = 0.2) -> Verdict:
     "Phi-4's hybrid check: a non-allowed 13-gram hit, else the maximal 7-gram overlap ratio against two thresholds."
@@ -172,7 +172,7 @@ def phi4_verdict(text: str, index: TestIndex, allow: set[tuple] = frozenset(), c
     item = index.items[best_k] if best_k is not None else None
     return Verdict(status, "phi4-7gram", best, (item[0], item[1]) if item else None, item[2] if item else "")
 
-
+# %% ../../nbs/data/01_curate.ipynb #c8c91480
 def decontaminate(records: Sequence[dict], index: TestIndex, method: str = "phi4", key: str = "question", remove: Sequence[str] = ("contaminated",),
                   **options) -> tuple[list[dict], list[tuple[dict, Verdict]], Counter]:
     "Records kept, the (record, verdict) pairs removed or flagged, and counts by status."

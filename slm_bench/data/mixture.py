@@ -37,7 +37,7 @@ def validate_sources(sources: Sequence[Source], tolerance: float = 1e-6) -> None
     if abs(total - 1) > tolerance:
         raise BadInput(f"mixture shares sum to {total:.4f}, not 1: {', '.join(f'{s.name}={s.share}' for s in sources)}")
 
-
+# %% ../../nbs/data/02_mixture.ipynb #8d92d0bb
 def epochs(sources: Sequence[Source], budget: float) -> dict[str, float]:
     "How many times each source is seen: share × budget / unique tokens."
     validate_sources(sources)
@@ -90,7 +90,7 @@ def plot_epochs(sources: Sequence[Source], budget: float, warn_at: float = 10.0,
     ax.figure.tight_layout()
     return ax.figure
 
-
+# %% ../../nbs/data/02_mixture.ipynb #eb8a5c09
 class MixtureWidget:
     "Sliders for shares and budget; a live epochs chart and a warning line."
 

@@ -62,7 +62,7 @@ class SynthProblem:
     def to_json(self) -> dict:
         return asdict(self)
 
-
+# %% ../../nbs/data/00_synth.ipynb #13483bda
 def _value(steps: Sequence[Step]) -> dict[str, Fraction]:
     "Evaluate the steps exactly (Fractions), in order."
     env: dict[str, Fraction] = {}
@@ -80,7 +80,7 @@ def _substitute(expr: str, env: dict[str, Fraction]) -> str:
     "The expression with variables replaced by their values (for the worked solution)."
     return re.sub(r"\b([a-z_][a-z_0-9]*)\b", lambda m: str(_number(env[m.group(1)])) if m.group(1) in env else m.group(1), expr)
 
-
+# %% ../../nbs/data/00_synth.ipynb #5d52652f
 def render(spec: Spec, problem_id: str, irrelevant: str | None, rng: random.Random, mode: str, corrupt: bool) -> SynthProblem:
     "Question, program and worked solution for a spec (corrupting one step when asked)."
     true_env = _value(spec.steps)
@@ -109,7 +109,7 @@ def render(spec: Spec, problem_id: str, irrelevant: str | None, rng: random.Rand
     return SynthProblem(problem_id, spec.family, arithmetic, question, _number(answer), program, solution,
                         irrelevant is not None, corrupted, mode)
 
-
+# %% ../../nbs/data/00_synth.ipynb #79bef7e9
 _OPERATOR_SWAPS = {"+": "-", "-": "+", "*": "+", "//": "*", "/": "*"}
 
 
@@ -165,7 +165,7 @@ TEST_VOCAB = Vocab(tuple(NAMES[20:26]), tuple(ITEMS[14:18]))
 VERIFIER_VOCAB = Vocab(tuple(NAMES[26:]), tuple(ITEMS[18:]))
 ALL_VOCAB = Vocab(tuple(NAMES), tuple(ITEMS))
 
-
+# %% ../../nbs/data/00_synth.ipynb #3d60db20
 def _irrelevant(rng: random.Random, avoid: str, v: Vocab = ALL_VOCAB) -> str:
     other, _ = rng.choice([n for n in v.names if n[0] != avoid])
     return rng.choice([
@@ -176,7 +176,7 @@ def _irrelevant(rng: random.Random, avoid: str, v: Vocab = ALL_VOCAB) -> str:
         f"{other} read {rng.randint(2, 30)} pages yesterday.",
     ])
 
-# %% ../../nbs/data/00_synth.ipynb #3afdd7fa
+# %% ../../nbs/data/00_synth.ipynb #7f35a4d2
 def _pick(rng, options):
     return rng.choice(options)
 
@@ -209,7 +209,7 @@ def fam_multiply(rng, v: Vocab = ALL_VOCAB):
     return Spec("multiply", [s, t], ask, [Step(box.replace(" ", "_"), str(a), box.capitalize()), Step("per_box", str(b), "Per box"),
                                           Step("total", f"{box.replace(' ', '_')} * per_box", f"{item.capitalize()} in all")])
 
-
+# %% ../../nbs/data/00_synth.ipynb #2d046446
 def fam_divide(rng, v: Vocab = ALL_VOCAB):
     (name, he), item = rng.choice(v.names), rng.choice(v.items)
     friends, each = rng.randint(2, 9), rng.randint(2, 15)
@@ -233,7 +233,7 @@ def fam_remainder(rng, v: Vocab = ALL_VOCAB):
     return Spec("remainder", [s], "How many full bags can be made?", [Step("total", str(total), "Total"), Step("size", str(size), "Bag size"),
                                                                      Step("bags", "total // size", "Full bags")])
 
-
+# %% ../../nbs/data/00_synth.ipynb #c0877e7e
 def fam_percent(rng, v: Vocab = ALL_VOCAB):
     (name, he) = rng.choice(v.names)
     pct = rng.choice([10, 20, 25, 30, 40, 50, 75])
@@ -275,7 +275,7 @@ def fam_convert(rng, v: Vocab = ALL_VOCAB):
                     steps + [Step("piece", str(piece), "Piece size"), Step("pieces", "small // piece", "Pieces")])
     return Spec("convert", [s], f"How many {small} is that?", steps)
 
-
+# %% ../../nbs/data/00_synth.ipynb #d2b8a79a
 def fam_ages(rng, v: Vocab = ALL_VOCAB):
     (a, _), (b, _) = rng.sample(v.names, 2)
     b_age, diff, years = rng.randint(3, 40), rng.randint(1, 30), rng.randint(1, 20)
@@ -306,7 +306,7 @@ def fam_money(rng, v: Vocab = ALL_VOCAB):
         return Spec("money", sentences, "How much change does " + name + " get?", steps)
     return Spec("money", sentences, f"How much does {name} spend?", steps)
 
-
+# %% ../../nbs/data/00_synth.ipynb #3a10b6bd
 def fam_chain(rng, v: Vocab = ALL_VOCAB):
     "3-6 arithmetic steps on one quantity: packs bought, some used, shared, given more..."
     (name, he), item, box = rng.choice(v.names), rng.choice(v.items), rng.choice(CONTAINERS)
@@ -347,7 +347,7 @@ def fam_chain(rng, v: Vocab = ALL_VOCAB):
         ops += 1
     return Spec("chain", sentences, f"How many {item} does {name} have at the end?", steps)
 
-
+# %% ../../nbs/data/00_synth.ipynb #2e2a9109
 FAMILIES: dict[str, Callable[..., Spec]] = {
     "add": fam_add, "subtract": fam_subtract, "multiply": fam_multiply, "divide": fam_divide, "remainder": fam_remainder,
     "percent": fam_percent, "rate": fam_rate, "convert": fam_convert, "ages": fam_ages, "money": fam_money, "chain": fam_chain,
@@ -427,7 +427,7 @@ def organic_corpus(n: int, seed: int = 0) -> list[str]:
         ]))
     return texts
 
-
+# %% ../../nbs/data/00_synth.ipynb #323c9876
 def code_corpus(n: int, seed: int = 0) -> list[str]:
     "n small Python functions with docstrings on the same arithmetic."
     rng = random.Random(seed)
@@ -460,7 +460,7 @@ DELIMITER = "### PROBLEM"
 _CODE_BLOCK = re.compile(r"```(?:python)?\s*\n(.*?)```", re.S)
 _FUNCTION = re.compile(r"(?:^|\n)((?:import [^\n]+\n|from [^\n]+\n|\s*\n)*def simple_math_problem\(.*)", re.S)
 
-
+# %% ../../nbs/data/00_synth.ipynb #89c180ca
 @dataclass
 class ParseReport:
     "What a parser kept and what it dropped (with the raw text of the first few drops)."
@@ -492,7 +492,7 @@ def _docstring(code: str) -> str | None:
     match = re.search(r'def simple_math_problem\([^)]*\)[^:]*:\s*(?:"""|\'\'\')(.*?)(?:"""|\'\'\')', code, re.S)
     return " ".join(match.group(1).split()) if match else None
 
-
+# %% ../../nbs/data/00_synth.ipynb #3a4738d5
 def parse_joint(reply: str, report: ParseReport) -> list[tuple[str, str]]:
     "(question, program) pairs from a joint-mode reply."
     pairs = []
@@ -521,7 +521,7 @@ def parse_questions(reply: str, report: ParseReport) -> list[str]:
         report.drop(reply)
     return questions
 
-
+# %% ../../nbs/data/00_synth.ipynb #5c6c4ebb
 def load_seed_questions(path) -> list[str]:
     "Seed problems for an LLM teacher: a JSONL file whose rows have a 'question' string; a bad row is a `BadInput` naming it."
 
@@ -538,7 +538,7 @@ def load_seed_questions(path) -> list[str]:
         raise BadInput(f"seed file {path} holds no questions")
     return seeds
 
-
+# %% ../../nbs/data/00_synth.ipynb #02ee60fe
 @dataclass
 class LLMTeacher:
     "TinyGSM's joint or two-stage generation with any Sampler as the teacher model (seeds: example problems)."

@@ -71,15 +71,7 @@ def _inside(path, root: str) -> bool:
         return False
     return real == root or real.startswith(root + os.sep)
 
-
-class _PreloadedOnly:
-    "Last import finder for a child that dropped privileges: a module the interpreter cannot read gets a clear error."
-
-    def find_spec(self, name, path=None, target=None):
-        raise ModuleNotFoundError(f"module {name!r} is not available in the sandbox: when it runs as `nobody`, only modules its "
-                                  f"workers preload can be imported ({', '.join(PRELOAD)}); add it to slm_bench.evals.sandbox.PRELOAD")
-
-
+# %% ../../nbs/evals/00_sandbox.ipynb #358b964c
 _GUARD_ROOT = ["/nonexistent"]  # the running program's folder; set in the child before the guards go live
 _TWO_PATH_CALLS = {"rename", "renames", "replace", "move", "copy", "copy2", "copyfile", "copytree", "symlink", "link"}
 
@@ -129,6 +121,14 @@ def _prepare_guards() -> list[tuple[object, str, object]]:
     patches += [(builtins, "open", guarded_open), (io, "open", guarded_open), (os, "open", guarded_os_open)]
     return patches
 
+# %% ../../nbs/evals/00_sandbox.ipynb #b6acc9f4
+class _PreloadedOnly:
+    "Last import finder for a child that dropped privileges: a module the interpreter cannot read gets a clear error."
+
+    def find_spec(self, name, path=None, target=None):
+        raise ModuleNotFoundError(f"module {name!r} is not available in the sandbox: when it runs as `nobody`, only modules its "
+                                  f"workers preload can be imported ({', '.join(PRELOAD)}); add it to slm_bench.evals.sandbox.PRELOAD")
+
 
 def _apply_guards(patches, root: str, block_network: bool, preloaded_only: bool) -> None:
     "Make the prepared guards live in this child (see `_prepare_guards`)."
@@ -150,7 +150,7 @@ def _apply_guards(patches, root: str, block_network: bool, preloaded_only: bool)
                 no_network()
         socket.socket, socket.create_connection = NoSocket, no_network
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #5d81c44e
 def _jsonable(value, limit: int = 2000):
     "A JSON-friendly form of a program's return value (numbers stay numbers; others become their repr)."
     import numbers
@@ -171,7 +171,7 @@ def _jsonable(value, limit: int = 2000):
         pass
     return repr(value)[:limit]
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #e01e953f
 def _set_worker_limits(limits: dict) -> None:
     """Limits set once in the worker and inherited by every child: address space, file size, open files, no core
     dumps, and (effective once a child is `nobody`, or when not root) the process count. CPU time is per child."""
@@ -185,7 +185,7 @@ def _set_worker_limits(limits: dict) -> None:
             pass
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-long output fails the write instead of killing the child
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #bae72b41
 def _run_child(job: dict, folder: str, result_fd: int, drop_to: tuple[int, int] | None, netns: bool, guards) -> None:
     "The forked child: isolate, run the program, write a JSON result to `result_fd`, exit."
     import resource
@@ -258,7 +258,7 @@ def _warm_sympy() -> None:
     except Exception:
         pass
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #bfd17e2d
 def _enter_network_namespace() -> bool:
     "Move this process into a fresh network namespace (root only); True when it worked."
     if os.getuid() != 0:
@@ -281,6 +281,56 @@ def _nobody() -> tuple[int, int] | None:
     except KeyError:
         return None
 
+# %% ../../nbs/evals/00_sandbox.ipynb #48744736
+def _read_until(read_end: int, deadline: float) -> tuple[list[bytes], bool]:
+    "The bytes the child wrote to the pipe, read until it closes it or `deadline` passes (then True: timed out)."
+    chunks, timed_out = [], False
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([read_end], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return chunks, timed_out
+
+
+def _collect_output(folder: str, output_bytes: int) -> str:
+    "The child's captured output (at most `output_bytes`); the job's folder is removed."
+    try:
+        with open(os.path.join(folder, ".output"), "rb") as f:
+            output = f.read(output_bytes).decode("utf-8", "replace")
+    except OSError:
+        output = ""
+    try:  # the common case: only the output file is left
+        os.unlink(os.path.join(folder, ".output"))
+        os.rmdir(folder)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+    return output
+
+# %% ../../nbs/evals/00_sandbox.ipynb #7adb6a1a
+def _answer(job: dict, chunks: list[bytes], timed_out: bool, status: int, output: str, duration: float) -> dict:
+    "The job's answer: the child's result, or why there is none (a timeout, a crash)."
+    if timed_out:
+        return {"ok": False, "error": "Timeout", "message": f"ran longer than {job['timeout']:g} s", "stdout": output, "duration_s": duration}
+    try:
+        result = json.loads(b"".join(chunks))
+    except ValueError:
+        if os.WIFSIGNALED(status):
+            name = signal.Signals(os.WTERMSIG(status)).name
+            message = {"SIGXCPU": "CPU time limit exceeded", "SIGSEGV": "crashed (segmentation fault, e.g. a C stack overflow)",
+                       "SIGKILL": "killed (out of memory or a limit)"}.get(name, name)
+            return {"ok": False, "error": f"Crashed:{name}", "message": message, "stdout": output, "duration_s": duration}
+        return {"ok": False, "error": "Crashed", "message": f"exited with status {os.waitstatus_to_exitcode(status)} without a result",
+                "stdout": output, "duration_s": duration}
+    return {**result, "stdout": output, "duration_s": duration}
+
 
 def _run_job(job: dict, base: str, drop_to, netns: bool, guards) -> dict:
     "Fork a child for one job and collect its result within the wall-clock deadline."
@@ -297,51 +347,17 @@ def _run_job(job: dict, base: str, drop_to, netns: bool, guards) -> dict:
         finally:
             os._exit(1)
     os.close(write_end)
-    chunks, deadline, timed_out = [], start + job["timeout"], False
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([read_end], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(read_end, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
+    chunks, timed_out = _read_until(read_end, start + job["timeout"])
     try:
         os.killpg(pid, signal.SIGKILL)  # the child and anything it started
     except (ProcessLookupError, PermissionError):
         pass
     _, status = os.waitpid(pid, 0)
     os.close(read_end)
-    try:
-        with open(os.path.join(folder, ".output"), "rb") as f:
-            output = f.read(job["output_bytes"]).decode("utf-8", "replace")
-    except OSError:
-        output = ""
-    try:  # the common case: only the output file is left
-        os.unlink(os.path.join(folder, ".output"))
-        os.rmdir(folder)
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-    duration = time.perf_counter() - start
-    if timed_out:
-        return {"ok": False, "error": "Timeout", "message": f"ran longer than {job['timeout']:g} s", "stdout": output, "duration_s": duration}
-    try:
-        result = json.loads(b"".join(chunks))
-    except ValueError:
-        if os.WIFSIGNALED(status):
-            name = signal.Signals(os.WTERMSIG(status)).name
-            message = {"SIGXCPU": "CPU time limit exceeded", "SIGSEGV": "crashed (segmentation fault, e.g. a C stack overflow)",
-                       "SIGKILL": "killed (out of memory or a limit)"}.get(name, name)
-            return {"ok": False, "error": f"Crashed:{name}", "message": message, "stdout": output, "duration_s": duration}
-        return {"ok": False, "error": "Crashed", "message": f"exited with status {os.waitstatus_to_exitcode(status)} without a result",
-                "stdout": output, "duration_s": duration}
-    return {**result, "stdout": output, "duration_s": duration}
+    output = _collect_output(folder, job["output_bytes"])
+    return _answer(job, chunks, timed_out, status, output, time.perf_counter() - start)
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #7e866c4a
 def worker_main(kind: str = "full", limits: str = "{}") -> None:
     "The zygote's loop (started by `Sandbox` as `python -I -c 'from slm_bench.evals.sandbox import worker_main; worker_main(KIND)'`)."
     import gc
@@ -380,7 +396,7 @@ def worker_main(kind: str = "full", limits: str = "{}") -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-# %% ../../nbs/evals/00_sandbox.ipynb #ccc1fcad
+# %% ../../nbs/evals/00_sandbox.ipynb #bd257cd9
 class _Zygote:
     "One worker process and its pipes (`kind`: light = stdlib preloaded, full = sympy too)."
 
@@ -424,7 +440,7 @@ class _Zygote:
             pass
         self.proc.wait()
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
 class Sandbox:
     """A pool of pre-warmed worker processes that run programs in isolated, limited children.
 
@@ -457,97 +473,115 @@ class Sandbox:
                     self._all.append(zygote)
                 self._idle[kind].put(zygote)
 
-    def _job(self, program: Program) -> dict:
-        with self._lock:
-            self._next_id += 1
-            job_id = self._next_id
-        job = {**self.defaults, "id": job_id, "code": program.code, "entry": program.entry}
-        if program.timeout:
-            job["timeout"] = program.timeout
-        return job
+# %% ../../nbs/evals/00_sandbox.ipynb #8f076772
+def _job(self: Sandbox, program: Program) -> dict:
+    with self._lock:
+        self._next_id += 1
+        job_id = self._next_id
+    job = {**self.defaults, "id": job_id, "code": program.code, "entry": program.entry}
+    if program.timeout:
+        job["timeout"] = program.timeout
+    return job
 
-    def _replace(self, zygote: _Zygote) -> None:
-        "Kill a worker that misbehaved and put a fresh one of its kind in the pool."
-        zygote.kill()
-        replacement = _Zygote(zygote.kind, self._limits)
-        with self._lock:
-            if zygote in self._all:
-                self._all.remove(zygote)
-            self._all.append(replacement)
-        self._idle[zygote.kind].put(replacement)
 
-    @staticmethod
-    def _result(answer: dict) -> SandboxResult:
-        return SandboxResult(answer["ok"], answer.get("value"), answer.get("stdout", ""), answer.get("error"),
-                             answer.get("message", ""), round(answer.get("duration_s", 0.0), 6))
+def _replace(self: Sandbox, zygote: _Zygote) -> None:
+    "Kill a worker that misbehaved and put a fresh one of its kind in the pool."
+    zygote.kill()
+    replacement = _Zygote(zygote.kind, self._limits)
+    with self._lock:
+        if zygote in self._all:
+            self._all.remove(zygote)
+        self._all.append(replacement)
+    self._idle[zygote.kind].put(replacement)
 
-    def _run_chunk(self, kind: str, programs: list[Program]) -> list[SandboxResult]:
-        "Run programs of one kind on one worker, as one batch of jobs."
-        self._start(kind)
-        zygote = self._idle[kind].get()
+
+def _result(answer: dict) -> SandboxResult:
+    return SandboxResult(answer["ok"], answer.get("value"), answer.get("stdout", ""), answer.get("error"),
+                         answer.get("message", ""), round(answer.get("duration_s", 0.0), 6))
+
+
+def _run_chunk(self: Sandbox, kind: str, programs: list[Program]) -> list[SandboxResult]:
+    "Run programs of one kind on one worker, as one batch of jobs."
+    self._start(kind)
+    zygote = self._idle[kind].get()
+    try:
+        answers = zygote.run_many([self._job(p) for p in programs])
+    except (RuntimeError, OSError, ValueError) as error:
+        self._replace(zygote)
+        if len(programs) == 1:
+            return [SandboxResult(False, error="WorkerCrashed", message=str(error))]
+        return [r for p in programs for r in self._run_chunk(kind, [p])]  # find the culprit one by one
+    self._idle[kind].put(zygote)
+    return [self._result(a) for a in answers]
+
+
+Sandbox._job, Sandbox._replace, Sandbox._result, Sandbox._run_chunk = _job, _replace, staticmethod(_result), _run_chunk
+
+# %% ../../nbs/evals/00_sandbox.ipynb #d3cf8a42
+def _run(self: Sandbox, code: str | Program, entry: str | None = None, timeout: float | None = None) -> SandboxResult:
+    "Run one program (blocking)."
+    program = as_program(code)
+    if entry is not None or timeout is not None:
+        program = Program(program.code, entry or program.entry, timeout or program.timeout)
+    return self._run_chunk("full" if needs_full_worker(program.code) else "light", [program])[0]
+
+
+def _run_batch(self: Sandbox, programs: Iterable[Program | str | dict], progress: bool = False, chunk: int = 16) -> list[SandboxResult]:
+    "Run many programs across the pool (sent to workers `chunk` at a time); results in input order."
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    programs = [as_program(p) for p in programs]
+    by_kind: dict[str, list[int]] = {"light": [], "full": []}
+    for i, p in enumerate(programs):
+        by_kind["full" if needs_full_worker(p.code) else "light"].append(i)
+    chunks = [(kind, ids[i:i + chunk]) for kind, ids in by_kind.items() for i in range(0, len(ids), chunk)]
+    for kind, ids in by_kind.items():
+        if ids:
+            self._start(kind)
+    results: list[SandboxResult | None] = [None] * len(programs)
+    bar = tqdm(total=len(programs), desc="sandbox", unit="program", disable=not progress)
+
+    def run(item):
+        kind, ids = item
+        for i, result in zip(ids, self._run_chunk(kind, [programs[i] for i in ids])):
+            results[i] = result
+        bar.update(len(ids))
+
+    with ThreadPoolExecutor(max_workers=2 * self.workers) as pool:
+        list(pool.map(run, chunks))
+    bar.close()
+    return results
+
+
+Sandbox.run, Sandbox.run_batch = _run, _run_batch
+
+# %% ../../nbs/evals/00_sandbox.ipynb #146fa309
+def _close(self: Sandbox) -> None:
+    with self._lock:
+        zygotes, self._all = self._all, []
+    for zygote in zygotes:
         try:
-            answers = zygote.run_many([self._job(p) for p in programs])
-        except (RuntimeError, OSError, ValueError) as error:
-            self._replace(zygote)
-            if len(programs) == 1:
-                return [SandboxResult(False, error="WorkerCrashed", message=str(error))]
-            return [r for p in programs for r in self._run_chunk(kind, [p])]  # find the culprit one by one
-        self._idle[kind].put(zygote)
-        return [self._result(a) for a in answers]
-
-    def run(self, code: str | Program, entry: str | None = None, timeout: float | None = None) -> SandboxResult:
-        "Run one program (blocking)."
-        program = as_program(code)
-        if entry is not None or timeout is not None:
-            program = Program(program.code, entry or program.entry, timeout or program.timeout)
-        return self._run_chunk("full" if needs_full_worker(program.code) else "light", [program])[0]
-
-    def run_batch(self, programs: Iterable[Program | str | dict], progress: bool = False, chunk: int = 16) -> list[SandboxResult]:
-        "Run many programs across the pool (sent to workers `chunk` at a time); results in input order."
-        from concurrent.futures import ThreadPoolExecutor
-
-        from tqdm.auto import tqdm
-
-        programs = [as_program(p) for p in programs]
-        by_kind: dict[str, list[int]] = {"light": [], "full": []}
-        for i, p in enumerate(programs):
-            by_kind["full" if needs_full_worker(p.code) else "light"].append(i)
-        chunks = [(kind, ids[i:i + chunk]) for kind, ids in by_kind.items() for i in range(0, len(ids), chunk)]
-        for kind, ids in by_kind.items():
-            if ids:
-                self._start(kind)
-        results: list[SandboxResult | None] = [None] * len(programs)
-        bar = tqdm(total=len(programs), desc="sandbox", unit="program", disable=not progress)
-
-        def run(item):
-            kind, ids = item
-            for i, result in zip(ids, self._run_chunk(kind, [programs[i] for i in ids])):
-                results[i] = result
-            bar.update(len(ids))
-
-        with ThreadPoolExecutor(max_workers=2 * self.workers) as pool:
-            list(pool.map(run, chunks))
-        bar.close()
-        return results
-
-    def close(self) -> None:
-        with self._lock:
-            zygotes, self._all = self._all, []
-        for zygote in zygotes:
-            try:
-                zygote.proc.stdin.close()
-                zygote.proc.wait(timeout=5)
-            except Exception:
-                zygote.kill()
-
-    def __enter__(self) -> "Sandbox":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
+            zygote.proc.stdin.close()
+            zygote.proc.wait(timeout=5)
         except Exception:
-            pass
+            zygote.kill()
+
+
+def _enter(self: Sandbox) -> "Sandbox":
+    return self
+
+
+def _exit(self: Sandbox, *exc) -> None:
+    self.close()
+
+
+def _del(self: Sandbox):
+    try:
+        self.close()
+    except Exception:
+        pass
+
+
+Sandbox.close, Sandbox.__enter__, Sandbox.__exit__, Sandbox.__del__ = _close, _enter, _exit, _del

@@ -51,7 +51,7 @@ def read_samples(path: Path | str, problems: Sequence[Problem], task: Task) -> l
         raise BadInput(f"{path} holds no samples")
     return pairs
 
-
+# %% ../../nbs/evals/03_score.ipynb #c79dcfd4
 def score_samples(task_name: str, data: Path | str | None, samples: Path | str, out: Path | str | None = None,
                   ks: Sequence[int] = (), sandbox=None, progress: bool = False) -> dict:
     "Judge every sample, write them back with verdicts, and return the metrics."

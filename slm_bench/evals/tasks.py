@@ -44,7 +44,7 @@ class Judgement:
     extracted: Any = None  # the answer found in the completion (None: no answer, i.e. not Format-OK)
     error: str | None = None  # why it could not be judged or failed (exception type, "no answer", ...)
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #4764c20d
 def read_rows(path: Path | str) -> list[dict]:
     "Rows of a .jsonl, .jsonl.gz, .json or .json.gz (a list of objects) file; malformed lines are a `BadInput` naming file and line."
     path = Path(path)
@@ -108,7 +108,7 @@ def parse_number(text: Any) -> Fraction | None:
     except (ValueError, ZeroDivisionError):
         return None
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #e7fd0324
 def numbers_equal(a: Any, b: Any, rel: float = 1e-9) -> bool:
     """Whether two answers are the same number: exactly for text and integers; within `rel` (relative) when a side
     is a binary float (a program's `0.1 * 3`), so float noise passes but 1,450,001 never equals 1,450,000."""
@@ -126,6 +126,7 @@ class Task:
     data_key = ""  # which benchmark file is this task's default (see BENCHMARK_FILES; default: the task's name)
     required_keys: tuple[str, ...] = ()
     needs_sandbox = False
+    instruction = ""
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, source: Path | str | None = None, split: str = "test") -> list[Problem]:
@@ -159,43 +160,52 @@ class Task:
     def problem(self, idx: int, row: dict) -> Problem:
         raise NotImplementedError
 
-    # -- prompting -------------------------------------------------------------------------------------------
-    def question_text(self, problem: Problem) -> str:
-        return problem.question
+# %% ../../nbs/evals/02_tasks.ipynb #186339a4
+def _question_text(self: Task, problem: Problem) -> str:
+    return problem.question
 
-    def answer_text(self, problem: Problem) -> str:
-        "A worked answer for k-shot exemplars (the data's own solution where it has one)."
-        return str(problem.gold)
 
-    instruction = ""
+def _answer_text(self: Task, problem: Problem) -> str:
+    "A worked answer for k-shot exemplars (the data's own solution where it has one)."
+    return str(problem.gold)
 
-    def prompt(self, problem: Problem, style: str = "zero-shot", shots: Sequence[Problem] = (), system: str | None = None):
-        "The prompt text (zero-shot / few-shot `Question: … Answer:`), or chat messages for style `chat`."
-        if style == "chat":
-            messages = [{"role": "system", "content": system}] if system else []
-            content = self.question_text(problem) + (f"\n\n{self.instruction}" if self.instruction else "")
-            return messages + [{"role": "user", "content": content}]
-        if style not in ("zero-shot", "few-shot"):
-            raise BadInput(f"prompt style must be zero-shot, few-shot or chat, got {style!r}")
-        blocks = [f"Question: {self.question_text(s)}\nAnswer: {self.answer_text(s)}" for s in (shots if style == "few-shot" else ())]
-        return "\n\n".join(blocks + [f"Question: {self.question_text(problem)}\nAnswer:"])
 
-    # -- judging ---------------------------------------------------------------------------------------------
-    def extract(self, completion: str) -> Any:
-        raise NotImplementedError
+def _prompt(self: Task, problem: Problem, style: str = "zero-shot", shots: Sequence[Problem] = (), system: str | None = None):
+    "The prompt text (zero-shot / few-shot `Question: … Answer:`), or chat messages for style `chat`."
+    if style == "chat":
+        messages = [{"role": "system", "content": system}] if system else []
+        content = self.question_text(problem) + (f"\n\n{self.instruction}" if self.instruction else "")
+        return messages + [{"role": "user", "content": content}]
+    if style not in ("zero-shot", "few-shot"):
+        raise BadInput(f"prompt style must be zero-shot, few-shot or chat, got {style!r}")
+    blocks = [f"Question: {self.question_text(s)}\nAnswer: {self.answer_text(s)}" for s in (shots if style == "few-shot" else ())]
+    return "\n\n".join(blocks + [f"Question: {self.question_text(problem)}\nAnswer:"])
 
-    def equal(self, extracted: Any, gold: Any) -> bool:
-        return numbers_equal(extracted, gold)
 
-    def judge(self, problem: Problem, completion: str) -> Judgement:
-        extracted = self.extract(completion)
-        if extracted is None:
-            return Judgement(False, None, "no answer found")
-        return Judgement(self.equal(extracted, problem.gold), extracted)
+Task.question_text, Task.answer_text, Task.prompt = _question_text, _answer_text, _prompt
 
-    def judge_many(self, problems: Sequence[Problem], completions: Sequence[str], sandbox=None, progress: bool = False) -> list[Judgement]:
-        "Judge completion i against problem i (code tasks batch them through one sandbox)."
-        return [self.judge(p, c) for p, c in zip(problems, completions)]
+# %% ../../nbs/evals/02_tasks.ipynb #d9f90e7b
+def _extract(self: Task, completion: str) -> Any:
+    raise NotImplementedError
+
+
+def _equal(self: Task, extracted: Any, gold: Any) -> bool:
+    return numbers_equal(extracted, gold)
+
+
+def _judge(self: Task, problem: Problem, completion: str) -> Judgement:
+    extracted = self.extract(completion)
+    if extracted is None:
+        return Judgement(False, None, "no answer found")
+    return Judgement(self.equal(extracted, problem.gold), extracted)
+
+
+def _judge_many(self: Task, problems: Sequence[Problem], completions: Sequence[str], sandbox=None, progress: bool = False) -> list[Judgement]:
+    "Judge completion i against problem i (code tasks batch them through one sandbox)."
+    return [self.judge(p, c) for p, c in zip(problems, completions)]
+
+
+Task.extract, Task.equal, Task.judge, Task.judge_many = _extract, _equal, _judge, _judge_many
 
 # %% ../../nbs/evals/02_tasks.ipynb #e67a88a4
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -251,7 +261,25 @@ def tinygsm_prompt(question: str) -> str:
     body = "\n".join("    " + line if line.strip() else "" for line in question.strip().splitlines())
     return f'def {TINYGSM_ENTRY}() -> int:\n    """\n{body}\n    """\n'
 
+# %% ../../nbs/evals/02_tasks.ipynb #b8df2713
+class _sandbox_or:
+    "Use the given sandbox, or a temporary one closed afterwards."
 
+    def __init__(self, sandbox):
+        self.given, self.own = sandbox, None
+
+    def __enter__(self):
+        if self.given is not None:
+            return self.given
+        from slm_bench.evals.sandbox import Sandbox
+        self.own = Sandbox()
+        return self.own
+
+    def __exit__(self, *exc):
+        if self.own is not None:
+            self.own.close()
+
+# %% ../../nbs/evals/02_tasks.ipynb #53b84e95
 class TinyGSMPython(GSM8K):
     "GSM8K problems answered by a Python function, judged by running it."
     name = "tinygsm"
@@ -288,24 +316,6 @@ class TinyGSMPython(GSM8K):
                 judgements.append(Judgement(numbers_equal(result.value, problem.gold), result.value))
         return judgements
 
-
-class _sandbox_or:
-    "Use the given sandbox, or a temporary one closed afterwards."
-
-    def __init__(self, sandbox):
-        self.given, self.own = sandbox, None
-
-    def __enter__(self):
-        if self.given is not None:
-            return self.given
-        from slm_bench.evals.sandbox import Sandbox
-        self.own = Sandbox()
-        return self.own
-
-    def __exit__(self, *exc):
-        if self.own is not None:
-            self.own.close()
-
 # %% ../../nbs/evals/02_tasks.ipynb #40137dd1
 def last_boxed(text: str) -> str | None:
     "Content of the last \\boxed{...} or \\fbox{...}, with nested braces; None if there is none."
@@ -331,7 +341,7 @@ def math_extract(completion: str) -> str | None:
     match = _ANSWER_LINE.search(completion)
     return match.group(1).strip().rstrip(".").strip("$ ") if match else None
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #e660ff69
 def normalize_latex(text: str) -> str:
     "A canonical string form of a LaTeX answer for the fallback comparison."
     s = str(text).strip()
@@ -361,7 +371,7 @@ def math_equal(predicted: str, gold: str) -> bool:
     plain_number = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
     return a == b or (bool(plain_number.fullmatch(a)) and bool(plain_number.fullmatch(b)) and numbers_equal(a, b))
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #f1227e06
 class MATH(Task):
     "MATH / MATH-500 (Hendrycks et al. 2021)."
     name = "math"
@@ -446,7 +456,7 @@ class SVAMP(GSM8K):
     def answer_text(self, problem: Problem) -> str:
         return f"{problem.row.get('Equation', '').strip()} = {problem.row['Answer']}\n#### {problem.row['Answer']}"
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #639da190
 class AMC(Task):
     "AMC problems with numeric answers; an answer not given is a blank (1.5 points in the AMC score)."
     name = "amc"
@@ -484,7 +494,7 @@ def extract_choice(completion: str, n_choices: int = 4) -> str | None:
     matches = re.findall(rf"(?:^|[\s(\[])([{letters}])(?:[)\].:,]|\s|$)", completion)
     return matches[-1] if matches else None
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #20ad86bd
 class MultipleChoice(Task):
     "Multiple-choice questions judged by letter."
     name = "mcq"
@@ -512,7 +522,7 @@ class MultipleChoice(Task):
             return Judgement(False, None, "no answer found")
         return Judgement(self.equal(extracted, problem.gold), extracted)
 
-
+# %% ../../nbs/evals/02_tasks.ipynb #43a44615
 def mcq_loglik_choice(sampler, tokenizer, prompt: str, choices: Sequence[str], normalize: bool = True) -> int:
     "Index of the option whose text is most likely after `prompt` (mean per-token log-prob when `normalize`)."
     prompt_ids = tokenizer(prompt)["input_ids"]

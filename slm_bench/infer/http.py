@@ -45,96 +45,38 @@ class HTTPSampler:
         self.client = httpx.Client(timeout=timeout, headers=headers, limits=httpx.Limits(max_connections=concurrency))
         self.requests_sent = 0  # real HTTP requests (cache hits excluded), for tests and cost accounting
 
-    # -- one request -------------------------------------------------------------------------------------------
-    def post(self, path: str, body: dict) -> dict:
-        "POST `body` to `path` (cached, retried); the parsed JSON response."
-        import httpx
+# %% ../../nbs/infer/03_http.ipynb #38c13708
+def _post(self: HTTPSampler, path: str, body: dict) -> dict:
+    "POST `body` to `path` (cached, retried); the parsed JSON response."
+    import httpx
 
-        key = sha256_json({"url": self.base_url + path, "body": body})
-        cached = self.cache_dir / f"{key}.json" if self.cache_dir else None
-        if cached is not None and cached.exists():
-            return read_json(cached)
-        url, last = self.base_url + path, ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                self.requests_sent += 1
-                response = self.client.post(url, json=body)
-            except httpx.TransportError as error:  # refused, reset, timed out
-                last = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code in (401, 403):
-                raise RemoteError(f"{url}: authentication failed (HTTP {response.status_code}); check the API key "
-                                  "(api_key=..., or SLM_BENCH_API_KEY / OPENAI_API_KEY)")
-            if response.status_code in RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {_message(response)}"
-                continue
-            if response.status_code >= 400:
-                raise RemoteError(f"{url}: the server rejected the request (HTTP {response.status_code}): {_message(response)}")
-            data = response.json()
-            if cached is not None:
-                atomic_write_json(cached, data)
-            return data
-        raise RemoteError(f"{url}: no answer after {self.retries + 1} attempts ({last}); is the server up?")
-
-    # -- the Sampler contract ----------------------------------------------------------------------------------
-    def _request(self, index: int, prompt: Prompt, params: SamplingParams) -> tuple[str, dict]:
-        body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, "return_token_ids": True}
-        if params.top_k:
-            body["top_k"] = params.top_k
-        if params.stop:
-            body["stop"] = params.stop
-        if params.stop_token_ids is not None:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if isinstance(prompt, str):
-            raise BadInput("prompts are token-id lists or chat messages")
-        if params.seed is not None:
-            body["seed"] = request_seed(params, index, prompt)
-        prompt = list(prompt)
-        if prompt and isinstance(prompt[0], dict):
-            return "/chat/completions", {**body, "messages": prompt, "logprobs": True}
-        return "/completions", {**body, "prompt": prompt, "logprobs": 0}
-
-    def _completion(self, choice: dict) -> Completion:
-        if "message" in choice:
-            text = choice["message"].get("content") or ""
-            logprobs = [item["logprob"] for item in (choice.get("logprobs") or {}).get("content") or []]
-        else:
-            text = choice.get("text", "")
-            logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
-        token_ids = choice.get("token_ids")
-        if token_ids is None:
-            token_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else []
-        return Completion(list(token_ids), text, [float(x) for x in logprobs], choice.get("finish_reason") or "stop")
-
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
-        requests = [self._request(i, p, params) for i, p in enumerate(prompts)]
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            responses = list(pool.map(lambda r: self.post(*r), requests))
-        return [[self._completion(c) for c in sorted(r["choices"], key=lambda c: c["index"])] for r in responses]
-
-    def score(self, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
-        "Teacher-forced log-probabilities via `echo` + `logprobs` on `/v1/completions` (token-id prompts)."
-        if len(prompts) != len(continuations):
-            raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
-        bodies = []
-        for p, c in zip(prompts, continuations):
-            if p and isinstance(list(p)[0], dict):
-                raise BadInput("HTTPSampler.score takes token-id prompts (render chat messages with the tokenizer first)")
-            bodies.append(("/completions", {"model": self.model, "prompt": list(p) + list(c), "max_tokens": 1, "echo": True,
-                                            "logprobs": 0, "temperature": 0.0}))
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            responses = list(pool.map(lambda r: self.post(*r), bodies))
-        out = []
-        for (p, c), response in zip(zip(prompts, continuations), responses):
-            values = response["choices"][0]["logprobs"]["token_logprobs"]
-            out.append([float(v) for v in values[len(p):len(p) + len(c)]])
-        return out
-
-    def close(self) -> None:
-        self.client.close()
+    key = sha256_json({"url": self.base_url + path, "body": body})
+    cached = self.cache_dir / f"{key}.json" if self.cache_dir else None
+    if cached is not None and cached.exists():
+        return read_json(cached)
+    url, last = self.base_url + path, ""
+    for attempt in range(self.retries + 1):
+        if attempt:
+            time.sleep(self.backoff * 2 ** (attempt - 1))
+        try:
+            self.requests_sent += 1
+            response = self.client.post(url, json=body)
+        except httpx.TransportError as error:  # refused, reset, timed out
+            last = f"{type(error).__name__}: {error}"
+            continue
+        if response.status_code in (401, 403):
+            raise RemoteError(f"{url}: authentication failed (HTTP {response.status_code}); check the API key "
+                              "(api_key=..., or SLM_BENCH_API_KEY / OPENAI_API_KEY)")
+        if response.status_code in RETRY_STATUS:
+            last = f"HTTP {response.status_code}: {_message(response)}"
+            continue
+        if response.status_code >= 400:
+            raise RemoteError(f"{url}: the server rejected the request (HTTP {response.status_code}): {_message(response)}")
+        data = response.json()
+        if cached is not None:
+            atomic_write_json(cached, data)
+        return data
+    raise RemoteError(f"{url}: no answer after {self.retries + 1} attempts ({last}); is the server up?")
 
 
 def _message(response) -> str:
@@ -142,3 +84,74 @@ def _message(response) -> str:
         return response.json()["error"]["message"]
     except Exception:
         return response.text[:300]
+
+
+HTTPSampler.post = _post
+
+# %% ../../nbs/infer/03_http.ipynb #7be89786
+def _request(self: HTTPSampler, index: int, prompt: Prompt, params: SamplingParams) -> tuple[str, dict]:
+    body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens, "temperature": params.temperature,
+            "top_p": params.top_p, "return_token_ids": True}
+    if params.top_k:
+        body["top_k"] = params.top_k
+    if params.stop:
+        body["stop"] = params.stop
+    if params.stop_token_ids is not None:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if isinstance(prompt, str):
+        raise BadInput("prompts are token-id lists or chat messages")
+    if params.seed is not None:
+        body["seed"] = request_seed(params, index, prompt)
+    prompt = list(prompt)
+    if prompt and isinstance(prompt[0], dict):
+        return "/chat/completions", {**body, "messages": prompt, "logprobs": True}
+    return "/completions", {**body, "prompt": prompt, "logprobs": 0}
+
+
+def _completion(self: HTTPSampler, choice: dict) -> Completion:
+    if "message" in choice:
+        text = choice["message"].get("content") or ""
+        logprobs = [item["logprob"] for item in (choice.get("logprobs") or {}).get("content") or []]
+    else:
+        text = choice.get("text", "")
+        logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        token_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else []
+    return Completion(list(token_ids), text, [float(x) for x in logprobs], choice.get("finish_reason") or "stop")
+
+
+HTTPSampler._request, HTTPSampler._completion = _request, _completion
+
+# %% ../../nbs/infer/03_http.ipynb #5213e86a
+def _generate(self: HTTPSampler, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
+    requests = [self._request(i, p, params) for i, p in enumerate(prompts)]
+    with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        responses = list(pool.map(lambda r: self.post(*r), requests))
+    return [[self._completion(c) for c in sorted(r["choices"], key=lambda c: c["index"])] for r in responses]
+
+
+def _score(self: HTTPSampler, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+    "Teacher-forced log-probabilities via `echo` + `logprobs` on `/v1/completions` (token-id prompts)."
+    if len(prompts) != len(continuations):
+        raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
+    bodies = []
+    for p, c in zip(prompts, continuations):
+        if p and isinstance(list(p)[0], dict):
+            raise BadInput("HTTPSampler.score takes token-id prompts (render chat messages with the tokenizer first)")
+        bodies.append(("/completions", {"model": self.model, "prompt": list(p) + list(c), "max_tokens": 1, "echo": True,
+                                        "logprobs": 0, "temperature": 0.0}))
+    with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        responses = list(pool.map(lambda r: self.post(*r), bodies))
+    out = []
+    for (p, c), response in zip(zip(prompts, continuations), responses):
+        values = response["choices"][0]["logprobs"]["token_logprobs"]
+        out.append([float(v) for v in values[len(p):len(p) + len(c)]])
+    return out
+
+
+def _close(self: HTTPSampler) -> None:
+    self.client.close()
+
+
+HTTPSampler.generate, HTTPSampler.score, HTTPSampler.close = _generate, _score, _close

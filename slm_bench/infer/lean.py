@@ -11,7 +11,7 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'STATIC_ROPE_TYPES', 'lean_support', 'LeanDecoder']
 
-# %% ../../nbs/infer/00_lean.ipynb #5aaa1e8f
+# %% ../../nbs/infer/00_lean.ipynb #f5e26772
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Phi3ForCausalLM")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -28,7 +28,7 @@ def lean_support(model) -> str | None:
         return "sliding-window attention is not implemented in the lean decoder"
     return None
 
-
+# %% ../../nbs/infer/00_lean.ipynb #5c92ca60
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     "RMSNorm as transformers computes it: in float32, then back to the input dtype, times the weight."
     dtype = x.dtype
@@ -40,7 +40,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-
+# %% ../../nbs/infer/00_lean.ipynb #5aaa1e8f
 class LeanDecoder:
     "Prefill and single-token decode steps for a Llama or Phi-3 transformers model, on its own weights."
 
@@ -61,120 +61,136 @@ class LeanDecoder:
         self.is_phi3 = type(model).__name__ == "Phi3ForCausalLM"
         self._versions: tuple | None = None
 
-    # -- weights ---------------------------------------------------------------------------------------
-    def _sync_weights(self) -> None:
-        "(Re)build the fused matrices if any weight changed since the last call."
-        params = list(self.model.parameters())
-        versions = tuple(p._version for p in params) + tuple(p.data_ptr() for p in params)
-        if versions == self._versions:
-            return
-        m = self.model.model
-        layers = []
-        for layer in m.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            if self.is_phi3:
-                qkv, gate_up = att.qkv_proj.weight, mlp.gate_up_proj.weight
-            else:
-                qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
-                gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-            layers.append((layer.input_layernorm.weight, qkv.detach(), att.o_proj.weight.detach(),
-                           layer.post_attention_layernorm.weight, gate_up.detach(), mlp.down_proj.weight.detach()))
-        self.layers = layers
-        self.embed = m.embed_tokens.weight.detach()
-        self.final_norm = m.norm.weight.detach()
-        self.lm_head = self.model.get_output_embeddings().weight.detach()
-        self._versions = versions
+# %% ../../nbs/infer/00_lean.ipynb #6dc43587
+def _sync_weights(self: LeanDecoder) -> None:
+    "(Re)build the fused matrices if any weight changed since the last call."
+    params = list(self.model.parameters())
+    versions = tuple(p._version for p in params) + tuple(p.data_ptr() for p in params)
+    if versions == self._versions:
+        return
+    m = self.model.model
+    layers = []
+    for layer in m.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        if self.is_phi3:
+            qkv, gate_up = att.qkv_proj.weight, mlp.gate_up_proj.weight
+        else:
+            qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        layers.append((layer.input_layernorm.weight, qkv.detach(), att.o_proj.weight.detach(),
+                       layer.post_attention_layernorm.weight, gate_up.detach(), mlp.down_proj.weight.detach()))
+    self.layers = layers
+    self.embed = m.embed_tokens.weight.detach()
+    self.final_norm = m.norm.weight.detach()
+    self.lm_head = self.model.get_output_embeddings().weight.detach()
+    self._versions = versions
 
-    # -- pieces ----------------------------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
 
-    @staticmethod
-    def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rot = cos.shape[-1]
-        if rot == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
-        x_rot, x_pass = x[..., :rot], x[..., rot:]
-        return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
+LeanDecoder._sync_weights = _sync_weights
 
-    def _split_qkv(self, qkv: torch.Tensor):
-        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        return qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]
+# %% ../../nbs/infer/00_lean.ipynb #27014585
+def _rope(self: LeanDecoder, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
 
-    def _mlp(self, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
-        gate, up = (_rms_norm(x, norm, self.eps) @ gate_up.T).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ down.T
 
-    # -- prefill ---------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, all_logits: bool = False):
-        """Run left-padded prompts `ids` [B, L] (`mask` 1 on real tokens) once.
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
 
-        Returns the logits (at the last position, or every position if `all_logits`) and the per-layer
-        prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` with RoPE applied to K."""
-        self._sync_weights()
-        B, L = ids.shape
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self._rope(positions, self.embed.dtype)  # [B, L, rot]
-        cos, sin = cos[:, None], sin[:, None]
-        keep = mask.bool()
-        causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()
-        attend = causal[None, None] & keep[:, None, None, :]
-        attend |= torch.eye(L, dtype=torch.bool, device=ids.device)[None, None]  # pad queries see themselves (no NaN)
-        x = self.embed[ids]
-        cache = []
-        for norm1, qkv_w, o_w, norm2, gate_up, down in self.layers:
-            q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
-            q = self._apply_rope(q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = self._apply_rope(k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-            v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-            cache.append((k, v))
-            if self.group > 1:
-                k = k[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
-                v = v[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=self.scale)
-            x = x + out.transpose(1, 2).reshape(B, L, -1) @ o_w.T
-            x = x + self._mlp(x, norm2, gate_up, down)
-        hidden = _rms_norm(x if all_logits else x[:, -1], self.final_norm, self.eps)
-        return hidden @ self.lm_head.T, cache
 
-    # -- decode ----------------------------------------------------------------------------------------
-    def new_cache(self, rows: int, max_new: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        "A preallocated per-layer cache for `rows` sequences of up to `max_new` generated tokens."
-        shape = (rows, self.n_kv, max(max_new, 1), self.head_dim)
-        return [(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device),
-                 torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
+def _split_qkv(self: LeanDecoder, qkv: torch.Tensor):
+    q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+    return qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]
 
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, prompt_cache, prompt_mask: torch.Tensor,
-             gen_cache, t: int, n: int) -> torch.Tensor:
-        """Logits for one new token per row. Rows are prompts × n samples (prompt-major); `t` is the index
-        of this token among the generated ones; the prompt cache is shared by the n rows of its prompt."""
-        N = tokens.shape[0]
-        B, L = prompt_mask.shape
-        h, kvh, g, hd = self.n_heads, self.n_kv, self.group, self.head_dim
-        cos, sin = self._rope(positions, self.embed.dtype)
-        cos, sin = cos[:, None], sin[:, None]
-        hide = ~prompt_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
-        x = self.embed[tokens]
-        for (norm1, qkv_w, o_w, norm2, gate_up, down), (kp, vp), (kg, vg) in zip(self.layers, prompt_cache, gen_cache):
-            q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
-            q = self._apply_rope(q.view(N, h, hd), cos, sin)
-            kg[:, :, t] = self._apply_rope(k.view(N, kvh, hd), cos, sin)
-            vg[:, :, t] = v.view(N, kvh, hd)
-            # scores against the shared prompt: [B, kvh, n*g, L]
-            q_shared = q.view(B, n, kvh, g, hd).transpose(1, 2).reshape(B, kvh, n * g, hd)
-            s_prompt = (q_shared @ kp.transpose(-1, -2)).mul_(self.scale).masked_fill_(hide, float("-inf"))
-            s_prompt = s_prompt.view(B, kvh, n, g, L).transpose(1, 2).reshape(N, kvh, g, L)
-            # scores against this row's generated tokens: [N, kvh, g, t+1]
-            k_new, v_new = kg[:, :, :t + 1], vg[:, :, :t + 1]
-            s_new = (q.view(N, kvh, g, hd) @ k_new.transpose(-1, -2)).mul_(self.scale)
-            p_prompt, p_new = torch.cat([s_prompt, s_new], dim=-1).softmax(dim=-1).split([L, t + 1], dim=-1)
-            o_prompt = p_prompt.reshape(B, n, kvh, g, L).transpose(1, 2).reshape(B, kvh, n * g, L) @ vp
-            o_prompt = o_prompt.view(B, kvh, n, g, hd).transpose(1, 2).reshape(N, kvh, g, hd)
-            out = (o_prompt + p_new @ v_new).reshape(N, h * hd)
-            x = x + out @ o_w.T
-            x = x + self._mlp(x, norm2, gate_up, down)
-        return _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
+
+def _mlp(self: LeanDecoder, x: torch.Tensor, norm, gate_up, down) -> torch.Tensor:
+    gate, up = (_rms_norm(x, norm, self.eps) @ gate_up.T).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ down.T
+
+
+LeanDecoder._rope, LeanDecoder._apply_rope = _rope, staticmethod(_apply_rope)
+LeanDecoder._split_qkv, LeanDecoder._mlp = _split_qkv, _mlp
+
+# %% ../../nbs/infer/00_lean.ipynb #a011fd35
+@torch.inference_mode()
+def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logits: bool = False):
+    """Run left-padded prompts `ids` [B, L] (`mask` 1 on real tokens) once.
+
+    Returns the logits (at the last position, or every position if `all_logits`) and the per-layer
+    prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` with RoPE applied to K."""
+    self._sync_weights()
+    B, L = ids.shape
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cos, sin = self._rope(positions, self.embed.dtype)  # [B, L, rot]
+    cos, sin = cos[:, None], sin[:, None]
+    keep = mask.bool()
+    causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()
+    attend = causal[None, None] & keep[:, None, None, :]
+    attend |= torch.eye(L, dtype=torch.bool, device=ids.device)[None, None]  # pad queries see themselves (no NaN)
+    x = self.embed[ids]
+    cache = []
+    for norm1, qkv_w, o_w, norm2, gate_up, down in self.layers:
+        q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
+        q = self._apply_rope(q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = self._apply_rope(k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        cache.append((k, v))
+        if self.group > 1:
+            k = k[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
+            v = v[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=self.scale)
+        x = x + out.transpose(1, 2).reshape(B, L, -1) @ o_w.T
+        x = x + self._mlp(x, norm2, gate_up, down)
+    hidden = _rms_norm(x if all_logits else x[:, -1], self.final_norm, self.eps)
+    return hidden @ self.lm_head.T, cache
+
+
+LeanDecoder.prefill = _prefill
+
+# %% ../../nbs/infer/00_lean.ipynb #29af0421
+def _new_cache(self: LeanDecoder, rows: int, max_new: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "A preallocated per-layer cache for `rows` sequences of up to `max_new` generated tokens."
+    shape = (rows, self.n_kv, max(max_new, 1), self.head_dim)
+    return [(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device),
+             torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
+
+
+@torch.inference_mode()
+def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prompt_cache, prompt_mask: torch.Tensor,
+          gen_cache, t: int, n: int) -> torch.Tensor:
+    """Logits for one new token per row. Rows are prompts × n samples (prompt-major); `t` is the index
+    of this token among the generated ones; the prompt cache is shared by the n rows of its prompt."""
+    N = tokens.shape[0]
+    B, L = prompt_mask.shape
+    h, kvh, g, hd = self.n_heads, self.n_kv, self.group, self.head_dim
+    cos, sin = self._rope(positions, self.embed.dtype)
+    cos, sin = cos[:, None], sin[:, None]
+    hide = ~prompt_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+    x = self.embed[tokens]
+    for (norm1, qkv_w, o_w, norm2, gate_up, down), (kp, vp), (kg, vg) in zip(self.layers, prompt_cache, gen_cache):
+        q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
+        q = self._apply_rope(q.view(N, h, hd), cos, sin)
+        kg[:, :, t] = self._apply_rope(k.view(N, kvh, hd), cos, sin)
+        vg[:, :, t] = v.view(N, kvh, hd)
+        # scores against the shared prompt: [B, kvh, n*g, L]
+        q_shared = q.view(B, n, kvh, g, hd).transpose(1, 2).reshape(B, kvh, n * g, hd)
+        s_prompt = (q_shared @ kp.transpose(-1, -2)).mul_(self.scale).masked_fill_(hide, float("-inf"))
+        s_prompt = s_prompt.view(B, kvh, n, g, L).transpose(1, 2).reshape(N, kvh, g, L)
+        # scores against this row's generated tokens: [N, kvh, g, t+1]
+        k_new, v_new = kg[:, :, :t + 1], vg[:, :, :t + 1]
+        s_new = (q.view(N, kvh, g, hd) @ k_new.transpose(-1, -2)).mul_(self.scale)
+        p_prompt, p_new = torch.cat([s_prompt, s_new], dim=-1).softmax(dim=-1).split([L, t + 1], dim=-1)
+        o_prompt = p_prompt.reshape(B, n, kvh, g, L).transpose(1, 2).reshape(B, kvh, n * g, L) @ vp
+        o_prompt = o_prompt.view(B, kvh, n, g, hd).transpose(1, 2).reshape(N, kvh, g, hd)
+        out = (o_prompt + p_new @ v_new).reshape(N, h * hd)
+        x = x + out @ o_w.T
+        x = x + self._mlp(x, norm2, gate_up, down)
+    return _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
+
+
+LeanDecoder.new_cache, LeanDecoder.step = _new_cache, _step

@@ -47,7 +47,7 @@ class SamplingParams:
                            f"top_k {self.top_k} (>= 0), max_new_tokens {self.max_new_tokens} (>= 0)")
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-
+# %% ../../nbs/infer/01_sampling.ipynb #a3696302
 @dataclass
 class Completion:
     "One sampled continuation of a prompt."
@@ -100,7 +100,7 @@ def check_prompts(token_prompts: list[list[int]], max_context: int, vocab_size: 
         if bad:
             raise BadInput(f"prompt {i} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
 
-
+# %% ../../nbs/infer/01_sampling.ipynb #952ce92c
 def default_stop_ids(tokenizer, params: SamplingParams) -> set[int]:
     from slm_bench.lm.tokenizer import stop_token_ids
 
@@ -152,7 +152,7 @@ class PromptNoise:
         noise = noise.to(scores.device)
         return (scores - torch.log(-torch.log(noise.clamp_min(1e-20)))).argmax(dim=-1)
 
-
+# %% ../../nbs/infer/01_sampling.ipynb #2c194f1a
 _M32 = 0xFFFFFFFF
 
 
@@ -186,7 +186,7 @@ def counter_uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
     h = _mix32(h ^ _mix32(torch.full_like(keys, step & _M32)))
     return ((h >> 8).double() + 0.5) / 2**24
 
-
+# %% ../../nbs/infer/01_sampling.ipynb #b767f593
 class SampleNoise:
     "Inverse-CDF draws from one counter-based uniform per (prompt content, sample index, step); rows are prompt-major."
 
@@ -224,7 +224,7 @@ def make_noise(params: SamplingParams, prompts: Sequence[Sequence[int]], prompt_
         return SampleNoise(params.seed, prompts, params.n, params.first_sample)
     return PromptNoise(params.seed, prompt_indices)
 
-
+# %% ../../nbs/infer/01_sampling.ipynb #629d3a88
 def sample_from_logits(logits: torch.Tensor, params: SamplingParams, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
     "Sampled token per row (drawn by `noise`, a `PromptNoise` or `SampleNoise`; None: global RNG) and its log-probability under the unmodified model distribution."
     logits = logits.float()
@@ -292,186 +292,228 @@ class HFSampler:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    # -- batching ----------------------------------------------------------------------------------------
-    def _bytes_per_prompt(self, prompt_len: int, n: int, max_new: int) -> int:
-        cfg = self.model.config
-        kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
-        width = self.model.get_input_embeddings().weight.element_size()
-        # lean: one prompt cache shared by the n samples, plus n generated caches; generate: n full copies
-        positions = prompt_len + n * max_new if self.mode == "lean" else n * (prompt_len + max_new)
-        cache = cfg.num_hidden_layers * 2 * kv * width * positions
-        logits = n * self.vocab_size * 4 * 4  # logits, log-probs and noise in float32, with slack
-        activations = prompt_len * (cfg.hidden_size * 8 + cfg.intermediate_size * 3) * width
-        return cache + logits + activations
+# %% ../../nbs/infer/01_sampling.ipynb #8a55e934
+def _bytes_per_prompt(self: HFSampler, prompt_len: int, n: int, max_new: int) -> int:
+    cfg = self.model.config
+    kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    width = self.model.get_input_embeddings().weight.element_size()
+    # lean: one prompt cache shared by the n samples, plus n generated caches; generate: n full copies
+    positions = prompt_len + n * max_new if self.mode == "lean" else n * (prompt_len + max_new)
+    cache = cfg.num_hidden_layers * 2 * kv * width * positions
+    logits = n * self.vocab_size * 4 * 4  # logits, log-probs and noise in float32, with slack
+    activations = prompt_len * (cfg.hidden_size * 8 + cfg.intermediate_size * 3) * width
+    return cache + logits + activations
 
-    def _batches(self, lengths: list[int], n: int, max_new: int, budget: float | None = None) -> list[list[int]]:
-        "Prompt indices grouped so each group's caches fit `budget` bytes (default: a fraction of free memory), similar lengths together."
-        budget = self.memory_fraction * _free_memory_bytes(self.device) if budget is None else budget
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches, current = [], []
-        for i in order:
-            candidate = current + [i]
-            longest = max(lengths[j] for j in candidate)
-            if current and (len(candidate) > self.max_batch_prompts or len(candidate) * self._bytes_per_prompt(longest, n, max_new) > budget):
-                batches.append(current)
-                candidate = [i]
-            current = candidate
-        if current:
+
+def _batches(self: HFSampler, lengths: list[int], n: int, max_new: int, budget: float | None = None) -> list[list[int]]:
+    "Prompt indices grouped so each group's caches fit `budget` bytes (default: a fraction of free memory), similar lengths together."
+    budget = self.memory_fraction * _free_memory_bytes(self.device) if budget is None else budget
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        candidate = current + [i]
+        longest = max(lengths[j] for j in candidate)
+        if current and (len(candidate) > self.max_batch_prompts or len(candidate) * self._bytes_per_prompt(longest, n, max_new) > budget):
             batches.append(current)
-        return batches
+            candidate = [i]
+        current = candidate
+    if current:
+        batches.append(current)
+    return batches
 
-    # -- generate ------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
-        from tqdm.auto import tqdm
 
-        token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
-        check_prompts(token_prompts, self.max_context, self.vocab_size)
-        results: list[list[Completion] | None] = [None] * len(token_prompts)
-        batches = self._batches([len(p) for p in token_prompts], params.n, params.max_new_tokens)
-        run = self._generate_lean if self.mode == "lean" else self._generate_hf
-        bar = tqdm(total=len(token_prompts), desc=f"sampling ({self.mode})", unit="prompt", disable=not self.progress)
-        for batch in batches:
-            batch_prompts = [token_prompts[i] for i in batch]
-            for i, completions in zip(batch, run(batch_prompts, params, make_noise(params, batch_prompts, batch))):
-                results[i] = completions
-            bar.update(len(batch))
-        bar.close()
-        return results
+HFSampler._bytes_per_prompt, HFSampler._batches = _bytes_per_prompt, _batches
 
-    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return left_pad(prompts, pad, self.device)
+# %% ../../nbs/infer/01_sampling.ipynb #b2504a7a
+def _left_pad(self: HFSampler, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+    return left_pad(prompts, pad, self.device)
 
-    def _finish(self, prompts: list[list[int]], rows_tokens: list[list[int]], rows_logprobs: list[list[float]], rows_reason: list[str],
-                params: SamplingParams, n: int) -> list[list[Completion]]:
-        out = []
-        for start in range(0, len(rows_tokens), n):
-            group = []
-            for tokens, logprobs, reason in zip(rows_tokens[start:start + n], rows_logprobs[start:start + n], rows_reason[start:start + n]):
-                text, stopped = finish_text(self.tokenizer, tokens, params.stop, prompts[start // n])
-                group.append(Completion(tokens, text, logprobs, "stop" if stopped else reason))
-            out.append(group)
-        return out
 
-    def _completion_length(self, generated: list[int], stop_ids: set[int], params: SamplingParams) -> tuple[int, str]:
-        "How many of `generated` belong to the completion (generate pads rows that finished early) and why it ended."
-        window = max((len(s) for s in params.stop), default=0) + 8
-        for j, tok in enumerate(generated):
+def _finish(self: HFSampler, prompts: list[list[int]], rows_tokens: list[list[int]], rows_logprobs: list[list[float]],
+            rows_reason: list[str], params: SamplingParams, n: int) -> list[list[Completion]]:
+    out = []
+    for start in range(0, len(rows_tokens), n):
+        group = []
+        for tokens, logprobs, reason in zip(rows_tokens[start:start + n], rows_logprobs[start:start + n], rows_reason[start:start + n]):
+            text, stopped = finish_text(self.tokenizer, tokens, params.stop, prompts[start // n])
+            group.append(Completion(tokens, text, logprobs, "stop" if stopped else reason))
+        out.append(group)
+    return out
+
+
+def _completion_length(self: HFSampler, generated: list[int], stop_ids: set[int], params: SamplingParams) -> tuple[int, str]:
+    "How many of `generated` belong to the completion (generate pads rows that finished early) and why it ended."
+    window = max((len(s) for s in params.stop), default=0) + 8
+    for j, tok in enumerate(generated):
+        if tok in stop_ids:
+            return j + 1, "stop"
+        if params.stop and self._stop_string_hit(generated[:j + 1], params, window):
+            return j + 1, "stop"
+    return len(generated), "length"
+
+
+def _stop_string_hit(self: HFSampler, tokens: list[int], params: SamplingParams, window: int) -> bool:
+    tail = decode_continuation(self.tokenizer, tokens[-window - 1:-window] if len(tokens) > window else [], tokens[-window:])
+    return any(s in tail for s in params.stop)
+
+
+HFSampler._left_pad, HFSampler._finish = _left_pad, _finish
+HFSampler._completion_length, HFSampler._stop_string_hit = _completion_length, _stop_string_hit
+
+# %% ../../nbs/infer/01_sampling.ipynb #fd59e13d
+def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
+    n, B = params.n, len(prompts)
+    N = B * n
+    stop_ids = default_stop_ids(self.tokenizer, params)
+    caps = [min(params.max_new_tokens, self.max_context - len(p)) for p in prompts]
+    max_new = max(caps)
+    tokens_out = [[] for _ in range(N)]
+    logprobs_out = [[] for _ in range(N)]
+    reasons = ["length"] * N
+    if max_new == 0:
+        return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+    ids, mask = self._left_pad(prompts)
+    logits, prompt_cache = self.lean.prefill(ids, mask)
+    logits = logits.repeat_interleave(n, dim=0)
+    positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
+    gen_cache = self.lean.new_cache(N, max_new)
+    rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
+    active = [True] * N
+    window = max((len(s) for s in params.stop), default=0) + 8
+    for t in range(max_new):
+        token, logprob = sample_from_logits(logits, params, noise)
+        for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
+            if not active[r]:
+                continue
+            tokens_out[orig].append(tok)
+            logprobs_out[orig].append(lp)
             if tok in stop_ids:
-                return j + 1, "stop"
-            if params.stop and self._stop_string_hit(generated[:j + 1], params, window):
-                return j + 1, "stop"
-        return len(generated), "length"
+                reasons[orig], active[r] = "stop", False
+            elif params.stop and self._stop_string_hit(tokens_out[orig], params, window):
+                reasons[orig], active[r] = "stop", False
+            elif len(tokens_out[orig]) >= caps[orig // n]:
+                active[r] = False
+        if not any(active) or t == max_new - 1:
+            break
+        # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
+        keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
+        if len(keep) <= 0.75 * (len(rows) // n):
+            prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
+                keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active)
+            noise.keep(keep, n)
+        logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
+    return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
 
-    def _stop_string_hit(self, tokens: list[int], params: SamplingParams, window: int) -> bool:
-        tail = decode_continuation(self.tokenizer, tokens[-window - 1:-window] if len(tokens) > window else [], tokens[-window:])
-        return any(s in tail for s in params.stop)
 
-    def _generate_lean(self, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
-        n, B = params.n, len(prompts)
-        N = B * n
-        stop_ids = default_stop_ids(self.tokenizer, params)
-        caps = [min(params.max_new_tokens, self.max_context - len(p)) for p in prompts]
-        max_new = max(caps)
-        tokens_out = [[] for _ in range(N)]
-        logprobs_out = [[] for _ in range(N)]
-        reasons = ["length"] * N
-        if max_new == 0:
-            return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
-        ids, mask = self._left_pad(prompts)
-        logits, prompt_cache = self.lean.prefill(ids, mask)
-        logits = logits.repeat_interleave(n, dim=0)
-        positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
-        gen_cache = self.lean.new_cache(N, max_new)
-        rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
-        active = [True] * N
-        window = max((len(s) for s in params.stop), default=0) + 8
-        for t in range(max_new):
-            token, logprob = sample_from_logits(logits, params, noise)
-            for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
-                if not active[r]:
-                    continue
-                tokens_out[orig].append(tok)
-                logprobs_out[orig].append(lp)
-                if tok in stop_ids:
-                    reasons[orig], active[r] = "stop", False
-                elif params.stop and self._stop_string_hit(tokens_out[orig], params, window):
-                    reasons[orig], active[r] = "stop", False
-                elif len(tokens_out[orig]) >= caps[orig // n]:
-                    active[r] = False
-            if not any(active) or t == max_new - 1:
-                break
-            # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
-            keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
-            if len(keep) <= 0.75 * (len(rows) // n):
-                kept = torch.tensor(keep, device=self.device)
-                kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
-                prompt_cache = [(k.index_select(0, kept), v.index_select(0, kept)) for k, v in prompt_cache]
-                gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
-                mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
-                rows = [rows[i] for i in kept_rows.tolist()]
-                active = [active[i] for i in kept_rows.tolist()]
-                noise.keep(keep, n)
-            logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
-        return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+HFSampler._generate_lean = _generate_lean
 
-    def _generate_hf(self, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
-        from transformers import LogitsProcessor, LogitsProcessorList
+# %% ../../nbs/infer/01_sampling.ipynb #e765235f
+def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, active):
+    "The batch's state with only the prompts at positions `keep` (and their n rows each) left in it."
+    kept = torch.tensor(keep, device=self.device)
+    kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
+    prompt_cache = [(k.index_select(0, kept), v.index_select(0, kept)) for k, v in prompt_cache]
+    gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
+    mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
+    rows = [rows[i] for i in kept_rows.tolist()]
+    active = [active[i] for i in kept_rows.tolist()]
+    return prompt_cache, gen_cache, mask, token, positions, rows, active
 
-        n = params.n
-        stop_ids = sorted(default_stop_ids(self.tokenizer, params))
-        ids, mask = self._left_pad(prompts)
-        max_new = min(params.max_new_tokens, self.max_context - ids.shape[1])
-        if max_new <= 0:
-            return self._finish(prompts, [[] for _ in range(len(prompts) * n)], [[] for _ in range(len(prompts) * n)],
-                                ["length"] * (len(prompts) * n), params, n)
-        recorded: list[torch.Tensor] = []
 
-        class Draw(LogitsProcessor):
-            "Replace generate's sampling by ours: the chosen token gets +inf, everything else -inf; log-probs recorded."
-            def __call__(self, input_ids, scores):
-                token, logprob = sample_from_logits(scores, params, noise)
-                recorded.append(torch.stack([token.float(), logprob], dim=-1))
-                forced = torch.full_like(scores, float("-inf"))
-                return forced.scatter(-1, token[:, None], 0.0)
+HFSampler._drop_finished = _drop_finished
 
-        with torch.inference_mode():
-            out = self.model.generate(
-                # do_sample=True only because generate insists on it for n > 1; our processor leaves one finite logit
-                input_ids=ids, attention_mask=mask, do_sample=True, top_k=None, top_p=None, temperature=None, num_beams=1, num_return_sequences=n,
-                max_new_tokens=max_new, logits_processor=LogitsProcessorList([Draw()]), eos_token_id=stop_ids,
-                pad_token_id=self.tokenizer.pad_token_id, stop_strings=params.stop or None,
-                tokenizer=self.tokenizer if params.stop else None,
-            )
-        steps = torch.stack(recorded, dim=1) if recorded else torch.zeros(out.shape[0], 0, 2)
-        tokens_out, logprobs_out, reasons = [], [], []
-        for r in range(out.shape[0]):
-            generated = out[r, ids.shape[1]:].tolist()
-            length, reason = self._completion_length(generated, set(stop_ids), params)
-            tokens_out.append(generated[:length])
-            logprobs_out.append(steps[r, :length, 1].tolist())
-            reasons.append(reason)
-        return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+# %% ../../nbs/infer/01_sampling.ipynb #c270230f
+def _draw_processor(params: SamplingParams, noise, recorded: list):
+    "A `LogitsProcessor` that draws each row's token with `sample_from_logits`, appending [token, logprob] rows to `recorded`."
+    from transformers import LogitsProcessor
 
-    # -- score ----------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def score(self, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]], batch_size: int = 16) -> list[list[float]]:
-        "Teacher-forced log-probabilities of each continuation's tokens, from the transformers forward pass."
-        if len(prompts) != len(continuations):
-            raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
-        token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
-        check_prompts(token_prompts, self.max_context, self.vocab_size)
-        results = []
-        for start in range(0, len(token_prompts), batch_size):
-            chunk = list(zip(token_prompts[start:start + batch_size], continuations[start:start + batch_size]))
-            full = [list(p) + list(c) for p, c in chunk]
-            if max(len(f) for f in full) > self.max_context:
-                raise BadInput(f"a prompt plus continuation is longer than the model's context {self.max_context}")
-            ids, mask = self._left_pad(full)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logprobs = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits.float(), -1)
-            width = ids.shape[1]
-            for row, (p, c) in enumerate(chunk):
-                start_pos = width - len(c)
-                results.append([logprobs[row, start_pos + j - 1, tok].item() for j, tok in enumerate(c)])
-        return results
+    class Draw(LogitsProcessor):
+        "Replace generate's sampling by ours: the chosen token gets +inf, everything else -inf; log-probs recorded."
+        def __call__(self, input_ids, scores):
+            token, logprob = sample_from_logits(scores, params, noise)
+            recorded.append(torch.stack([token.float(), logprob], dim=-1))
+            forced = torch.full_like(scores, float("-inf"))
+            return forced.scatter(-1, token[:, None], 0.0)
+
+    return Draw()
+
+
+def _generate_hf(self: HFSampler, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
+    from transformers import LogitsProcessorList
+
+    n = params.n
+    stop_ids = sorted(default_stop_ids(self.tokenizer, params))
+    ids, mask = self._left_pad(prompts)
+    max_new = min(params.max_new_tokens, self.max_context - ids.shape[1])
+    if max_new <= 0:
+        return self._finish(prompts, [[] for _ in range(len(prompts) * n)], [[] for _ in range(len(prompts) * n)],
+                            ["length"] * (len(prompts) * n), params, n)
+    recorded: list[torch.Tensor] = []
+    with torch.inference_mode():
+        out = self.model.generate(
+            # do_sample=True only because generate insists on it for n > 1; our processor leaves one finite logit
+            input_ids=ids, attention_mask=mask, do_sample=True, top_k=None, top_p=None, temperature=None, num_beams=1, num_return_sequences=n,
+            max_new_tokens=max_new, logits_processor=LogitsProcessorList([_draw_processor(params, noise, recorded)]), eos_token_id=stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id, stop_strings=params.stop or None,
+            tokenizer=self.tokenizer if params.stop else None,
+        )
+    steps = torch.stack(recorded, dim=1) if recorded else torch.zeros(out.shape[0], 0, 2)
+    tokens_out, logprobs_out, reasons = [], [], []
+    for r in range(out.shape[0]):
+        generated = out[r, ids.shape[1]:].tolist()
+        length, reason = self._completion_length(generated, set(stop_ids), params)
+        tokens_out.append(generated[:length])
+        logprobs_out.append(steps[r, :length, 1].tolist())
+        reasons.append(reason)
+    return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+
+
+HFSampler._generate_hf = _generate_hf
+
+# %% ../../nbs/infer/01_sampling.ipynb #b5302a75
+def _generate(self: HFSampler, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
+    from tqdm.auto import tqdm
+
+    token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
+    check_prompts(token_prompts, self.max_context, self.vocab_size)
+    results: list[list[Completion] | None] = [None] * len(token_prompts)
+    batches = self._batches([len(p) for p in token_prompts], params.n, params.max_new_tokens)
+    run = self._generate_lean if self.mode == "lean" else self._generate_hf
+    bar = tqdm(total=len(token_prompts), desc=f"sampling ({self.mode})", unit="prompt", disable=not self.progress)
+    for batch in batches:
+        batch_prompts = [token_prompts[i] for i in batch]
+        for i, completions in zip(batch, run(batch_prompts, params, make_noise(params, batch_prompts, batch))):
+            results[i] = completions
+        bar.update(len(batch))
+    bar.close()
+    return results
+
+
+HFSampler.generate = _generate
+
+# %% ../../nbs/infer/01_sampling.ipynb #41b3c74a
+@torch.inference_mode()
+def _score(self: HFSampler, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]], batch_size: int = 16) -> list[list[float]]:
+    "Teacher-forced log-probabilities of each continuation's tokens, from the transformers forward pass."
+    if len(prompts) != len(continuations):
+        raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
+    token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
+    check_prompts(token_prompts, self.max_context, self.vocab_size)
+    results = []
+    for start in range(0, len(token_prompts), batch_size):
+        chunk = list(zip(token_prompts[start:start + batch_size], continuations[start:start + batch_size]))
+        full = [list(p) + list(c) for p, c in chunk]
+        if max(len(f) for f in full) > self.max_context:
+            raise BadInput(f"a prompt plus continuation is longer than the model's context {self.max_context}")
+        ids, mask = self._left_pad(full)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logprobs = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits.float(), -1)
+        width = ids.shape[1]
+        for row, (p, c) in enumerate(chunk):
+            start_pos = width - len(c)
+            results.append([logprobs[row, start_pos + j - 1, tok].item() for j, tok in enumerate(c)])
+    return results
+
+
+HFSampler.score = _score

@@ -17,7 +17,7 @@ from .sampling import HFSampler, SamplingParams
 # %% auto #0
 __all__ = ['CompletionService', 'make_server', 'serve']
 
-# %% ../../nbs/infer/02_serve.ipynb #33ea7145
+# %% ../../nbs/infer/02_serve.ipynb #88e9b712
 def _params(body: dict, max_tokens_default: int = 16) -> SamplingParams:
     "Sampling parameters from an OpenAI-style request body."
     stop = body.get("stop") or []
@@ -28,7 +28,7 @@ def _params(body: dict, max_tokens_default: int = 16) -> SamplingParams:
         stop_token_ids=list(body["stop_token_ids"]) if body.get("stop_token_ids") is not None else None,
     )
 
-
+# %% ../../nbs/infer/02_serve.ipynb #33ea7145
 class CompletionService:
     "Turns OpenAI-style request bodies into Sampler calls and responses."
 
@@ -47,77 +47,88 @@ class CompletionService:
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "slm-bench"}]}
 
-    def completions(self, body: dict) -> dict:
-        ids = self._prompt_ids(body.get("prompt"))
-        params = _params(body)
-        want_logprobs = body.get("logprobs") is not None
-        echo = bool(body.get("echo", False))
-        tok = self.sampler.tokenizer
-        with self.lock:
-            completions = self.sampler.generate([ids], params)[0] if params.max_new_tokens > 0 else \
-                [None] * params.n
-            prompt_logprobs = [None] + self.sampler.score([ids[:1]], [ids[1:]])[0] if echo and want_logprobs else None
-        choices = []
-        for index, c in enumerate(completions):
-            token_ids = c.token_ids if c else []
-            logprobs_list = c.logprobs if c else []
-            text = (tok.decode(ids, skip_special_tokens=True) if echo else "") + (c.text if c else "")
-            choice = {"index": index, "text": text, "finish_reason": c.finish_reason if c else "length"}
-            if want_logprobs:
-                tokens = tok.convert_ids_to_tokens((ids if echo else []) + token_ids)
-                choice["logprobs"] = {"tokens": tokens, "token_logprobs": (prompt_logprobs if echo else []) + logprobs_list}
-            if body.get("return_token_ids"):
-                choice["token_ids"] = token_ids
-                choice["prompt_token_ids"] = ids
-            choices.append(choice)
-        generated = sum(len(c.token_ids) for c in completions if c)
-        return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": generated, "total_tokens": len(ids) + generated}}
+# %% ../../nbs/infer/02_serve.ipynb #dc2720e1
+def _completions(self: CompletionService, body: dict) -> dict:
+    ids = self._prompt_ids(body.get("prompt"))
+    params = _params(body)
+    want_logprobs = body.get("logprobs") is not None
+    echo = bool(body.get("echo", False))
+    tok = self.sampler.tokenizer
+    with self.lock:
+        completions = self.sampler.generate([ids], params)[0] if params.max_new_tokens > 0 else \
+            [None] * params.n
+        prompt_logprobs = [None] + self.sampler.score([ids[:1]], [ids[1:]])[0] if echo and want_logprobs else None
+    choices = []
+    for index, c in enumerate(completions):
+        token_ids = c.token_ids if c else []
+        logprobs_list = c.logprobs if c else []
+        text = (tok.decode(ids, skip_special_tokens=True) if echo else "") + (c.text if c else "")
+        choice = {"index": index, "text": text, "finish_reason": c.finish_reason if c else "length"}
+        if want_logprobs:
+            tokens = tok.convert_ids_to_tokens((ids if echo else []) + token_ids)
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": (prompt_logprobs if echo else []) + logprobs_list}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = token_ids
+            choice["prompt_token_ids"] = ids
+        choices.append(choice)
+    generated = sum(len(c.token_ids) for c in completions if c)
+    return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": generated, "total_tokens": len(ids) + generated}}
 
-    def chat(self, body: dict) -> dict:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise BadInput("messages must be a list of {'role', 'content'} objects")
-        params = _params(body, max_tokens_default=256)
-        tok = self.sampler.tokenizer
-        with self.lock:
-            completions = self.sampler.generate([messages], params)[0]
-        prompt_len = len(self.sampler.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
-        choices = []
-        for index, c in enumerate(completions):
-            choice = {"index": index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
-            if body.get("logprobs"):
-                choice["logprobs"] = {"content": [{"token": t, "logprob": lp} for t, lp in zip(tok.convert_ids_to_tokens(c.token_ids), c.logprobs)]}
-            if body.get("return_token_ids"):
-                choice["token_ids"] = c.token_ids
-            choices.append(choice)
-        generated = sum(len(c.token_ids) for c in completions)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated}}
+
+CompletionService.completions = _completions
+
+# %% ../../nbs/infer/02_serve.ipynb #77b3c10b
+def _chat(self: CompletionService, body: dict) -> dict:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise BadInput("messages must be a list of {'role', 'content'} objects")
+    params = _params(body, max_tokens_default=256)
+    tok = self.sampler.tokenizer
+    with self.lock:
+        completions = self.sampler.generate([messages], params)[0]
+    prompt_len = len(self.sampler.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+    choices = []
+    for index, c in enumerate(completions):
+        choice = {"index": index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": t, "logprob": lp} for t, lp in zip(tok.convert_ids_to_tokens(c.token_ids), c.logprobs)]}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = c.token_ids
+        choices.append(choice)
+    generated = sum(len(c.token_ids) for c in completions)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated}}
+
+
+CompletionService.chat = _chat
+
+# %% ../../nbs/infer/02_serve.ipynb #5f2f1314
+class _JSONHandler(BaseHTTPRequestHandler):
+    "JSON responses and OpenAI-style errors over HTTP/1.1, without request logging."
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # keep the terminal for our own lines
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str, kind: str) -> None:
+        self._send(status, {"error": {"message": message, "type": kind, "code": status}})
 
 # %% ../../nbs/infer/02_serve.ipynb #23d45b24
 def make_server(service: CompletionService, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> ThreadingHTTPServer:
     "A threading HTTP server routing the OpenAI paths to `service` (port 0 picks a free port)."
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format, *args):  # keep the terminal for our own lines
-            pass
-
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: int, message: str, kind: str) -> None:
-            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
-
+    class Handler(_JSONHandler):
         def _authorised(self) -> bool:
             if api_key is None or self.headers.get("Authorization") == f"Bearer {api_key}":
                 return True
@@ -156,7 +167,7 @@ def make_server(service: CompletionService, host: str = "127.0.0.1", port: int =
 
     return ThreadingHTTPServer((host, port), Handler)
 
-
+# %% ../../nbs/infer/02_serve.ipynb #697720a8
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, mode: str = "auto",
           model_name: str | None = None, log=print) -> None:
     "Load `checkpoint` and serve it until interrupted."

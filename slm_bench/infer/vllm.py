@@ -29,44 +29,56 @@ class VLLMSampler:
         self.max_context = self.llm.llm_engine.model_config.max_model_len
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 
-    def _params(self, params: SamplingParams, seed: int | None, **extra):
-        from vllm import SamplingParams as VLLMParams
+# %% ../../nbs/infer/04_vllm.ipynb #dff40e76
+def _params(self: VLLMSampler, params: SamplingParams, seed: int | None, **extra):
+    from vllm import SamplingParams as VLLMParams
 
-        return VLLMParams(n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or -1,
-                          max_tokens=params.max_new_tokens, stop=params.stop or None,
-                          stop_token_ids=sorted(default_stop_ids(self.tokenizer, params)), seed=seed,
-                          logprobs=0, skip_special_tokens=True, include_stop_str_in_output=False, **extra)
+    return VLLMParams(n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or -1,
+                      max_tokens=params.max_new_tokens, stop=params.stop or None,
+                      stop_token_ids=sorted(default_stop_ids(self.tokenizer, params)), seed=seed,
+                      logprobs=0, skip_special_tokens=True, include_stop_str_in_output=False, **extra)
 
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
-        token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
-        check_prompts(token_prompts, self.max_context, self.vocab_size)
-        if params.max_new_tokens == 0:
-            return [[Completion([], "", [], "length") for _ in range(params.n)] for _ in token_prompts]
-        requests = [{"prompt_token_ids": ids} for ids in token_prompts]
-        sampling = [self._params(params, request_seed(params, i, ids)) for i, ids in enumerate(token_prompts)]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        results = []
-        for output in outputs:
-            group = []
-            for choice in sorted(output.outputs, key=lambda c: c.index):
-                logprobs = [entry[token].logprob for token, entry in zip(choice.token_ids, choice.logprobs or [])]
-                group.append(Completion(list(choice.token_ids), choice.text, logprobs,
-                                        "stop" if choice.finish_reason == "stop" else "length"))
-            results.append(group)
-        return results
 
-    def score(self, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
-        from vllm import SamplingParams as VLLMParams
+VLLMSampler._params = _params
 
-        if len(prompts) != len(continuations):
-            raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
-        token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
-        full = [list(p) + list(c) for p, c in zip(token_prompts, continuations)]
-        check_prompts(full, self.max_context + 1, self.vocab_size)
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in full],
-                                    VLLMParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)
-        scores = []
-        for ids, p, output in zip(full, token_prompts, outputs):
-            values = output.prompt_logprobs  # first entry None: no context for the first token
-            scores.append([values[j][ids[j]].logprob for j in range(len(p), len(ids))])
-        return scores
+# %% ../../nbs/infer/04_vllm.ipynb #dedd4eb1
+def _generate(self: VLLMSampler, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
+    token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
+    check_prompts(token_prompts, self.max_context, self.vocab_size)
+    if params.max_new_tokens == 0:
+        return [[Completion([], "", [], "length") for _ in range(params.n)] for _ in token_prompts]
+    requests = [{"prompt_token_ids": ids} for ids in token_prompts]
+    sampling = [self._params(params, request_seed(params, i, ids)) for i, ids in enumerate(token_prompts)]
+    outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+    results = []
+    for output in outputs:
+        group = []
+        for choice in sorted(output.outputs, key=lambda c: c.index):
+            logprobs = [entry[token].logprob for token, entry in zip(choice.token_ids, choice.logprobs or [])]
+            group.append(Completion(list(choice.token_ids), choice.text, logprobs,
+                                    "stop" if choice.finish_reason == "stop" else "length"))
+        results.append(group)
+    return results
+
+
+VLLMSampler.generate = _generate
+
+# %% ../../nbs/infer/04_vllm.ipynb #1cb2e924
+def _score(self: VLLMSampler, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+    from vllm import SamplingParams as VLLMParams
+
+    if len(prompts) != len(continuations):
+        raise BadInput(f"score needs one continuation per prompt: {len(prompts)} prompts, {len(continuations)} continuations")
+    token_prompts = [encode_prompt(self.tokenizer, p) for p in prompts]
+    full = [list(p) + list(c) for p, c in zip(token_prompts, continuations)]
+    check_prompts(full, self.max_context + 1, self.vocab_size)
+    outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in full],
+                                VLLMParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)
+    scores = []
+    for ids, p, output in zip(full, token_prompts, outputs):
+        values = output.prompt_logprobs  # first entry None: no context for the first token
+        scores.append([values[j][ids[j]].logprob for j in range(len(p), len(ids))])
+    return scores
+
+
+VLLMSampler.score = _score

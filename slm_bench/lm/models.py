@@ -15,8 +15,8 @@ from ..core.store import atomic_write_json
 
 # %% auto #0
 __all__ = ['PRESETS', 'PAPER_FFN_MULTIPLIER', 'ModelPreset', 'get_preset', 'validate_preset', 'build_config', 'create_model',
-           'count_parameters', 'flops_per_token', 'describe', 'matched_ffn_width', 'with_kv_heads', 'save_checkpoint',
-           'checkpoint_problem', 'load_checkpoint', 'check_vocab', 'add_tokens']
+           'count_parameters', 'flops_per_token', 'describe', 'matched_ffn_width', 'with_kv_heads', 'check_vocab',
+           'add_tokens', 'save_checkpoint', 'checkpoint_problem', 'load_checkpoint']
 
 # %% ../../nbs/lm/00_models.ipynb #bb9fec82
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ModelPreset:
         "MHA, GQA or MQA, from the number of KV heads."
         return "MHA" if self.num_kv_heads == self.num_heads else ("MQA" if self.num_kv_heads == 1 else "GQA")
 
-
+# %% ../../nbs/lm/00_models.ipynb #6ed00b17
 def _tiny(family: str, size: str, hidden: int, layers: int, heads: int, ffn: int) -> ModelPreset:
     return ModelPreset(f"{family}-{size}", family, hidden, layers, heads, heads, ffn,
                        about=f"tiny {family}-style model (~{size} parameters with a 2,048-token vocabulary)")
@@ -66,7 +66,7 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
                 about="phi-4: phi-3-medium shape, vocab 100,352, full attention, 16K context after midtraining with RoPE base 250K"),
 ]}
 
-
+# %% ../../nbs/lm/00_models.ipynb #6a732cc7
 def get_preset(name: str, **overrides) -> ModelPreset:
     "A preset by name with fields overridden (e.g. `num_kv_heads=1`, `vocab_size=len(tokenizer)`); unknown names are `BadInput`."
     if name not in PRESETS:
@@ -128,7 +128,7 @@ def count_parameters(preset: ModelPreset) -> dict[str, int]:
     counts["total"] = embeddings + head + counts["non_embedding"]
     return counts
 
-
+# %% ../../nbs/lm/00_models.ipynb #775b0ed6
 def flops_per_token(preset: ModelPreset, context: int | None = None) -> dict[str, float]:
     "Forward and training FLOPs per token at `context` tokens (default: the preset's maximum)."
     context = context or preset.max_position_embeddings
@@ -138,7 +138,7 @@ def flops_per_token(preset: ModelPreset, context: int | None = None) -> dict[str
     forward = 2 * matmul_weights + attention_scores
     return {"forward": float(forward), "train": float(3 * forward), "context": context}
 
-
+# %% ../../nbs/lm/00_models.ipynb #c070e309
 def describe(preset: ModelPreset, context: int | None = None) -> dict:
     "One line of facts about a preset: shape, attention kind, parameters and FLOPs per token."
     counts, flops = count_parameters(preset), flops_per_token(preset, context)
@@ -170,6 +170,22 @@ def with_kv_heads(preset: ModelPreset, num_kv_heads: int, match: str = "exact") 
         raise BadInput(f"match must be 'exact', 'paper' or 'none', got {match!r}")
     return validate_preset(replace(preset, num_kv_heads=num_kv_heads, intermediate_size=width))
 
+# %% ../../nbs/lm/00_models.ipynb #225d46f8
+def check_vocab(model, tokenizer, where: str = "model") -> None:
+    "`BadInput` when the tokenizer has ids the model's embedding table cannot hold."
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise BadInput(f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding table has {rows} rows; "
+                       "call slm_bench.lm.models.add_tokens (it resizes the embeddings) or use the matching tokenizer")
+
+
+def add_tokens(model, tokenizer, special_tokens: list[str]) -> int:
+    "Add special tokens to `tokenizer` and resize `model`'s embeddings to match; returns how many were new."
+    added = tokenizer.add_tokens(special_tokens, special_tokens=True)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return added
+
 # %% ../../nbs/lm/00_models.ipynb #be5f5a97
 def save_checkpoint(model, tokenizer, folder: Path | str) -> Path:
     "Save model, tokenizer (optional) and generation config to `folder` in HF format, atomically (replacing it)."
@@ -196,7 +212,7 @@ def save_checkpoint(model, tokenizer, folder: Path | str) -> Path:
         raise
     return folder
 
-
+# %% ../../nbs/lm/00_models.ipynb #0593769c
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -215,7 +231,7 @@ def checkpoint_problem(name_or_path: str | Path) -> str | None:
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
     return None if looks_like_hub_id else f"checkpoint {path} does not exist"
 
-
+# %% ../../nbs/lm/00_models.ipynb #486785bf
 def load_checkpoint(name_or_path: str | Path, dtype=None, device: str | None = None, with_tokenizer: bool = True):
     "Load `(model, tokenizer)` from a local HF folder or a hub id; clear `BadInput` for missing or malformed checkpoints."
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -234,19 +250,3 @@ def load_checkpoint(name_or_path: str | Path, dtype=None, device: str | None = N
     if tokenizer is not None:
         check_vocab(model, tokenizer, where=str(name_or_path))
     return model, tokenizer
-
-# %% ../../nbs/lm/00_models.ipynb #225d46f8
-def check_vocab(model, tokenizer, where: str = "model") -> None:
-    "`BadInput` when the tokenizer has ids the model's embedding table cannot hold."
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > rows:
-        raise BadInput(f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding table has {rows} rows; "
-                       "call slm_bench.lm.models.add_tokens (it resizes the embeddings) or use the matching tokenizer")
-
-
-def add_tokens(model, tokenizer, special_tokens: list[str]) -> int:
-    "Add special tokens to `tokenizer` and resize `model`'s embeddings to match; returns how many were new."
-    added = tokenizer.add_tokens(special_tokens, special_tokens=True)
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
-    return added

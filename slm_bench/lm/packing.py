@@ -22,7 +22,7 @@ def text_example(tokenizer, text: str, add_bos: bool = True, add_eos: bool = Tru
     ids = ([tokenizer.bos_token_id] if add_bos else []) + ids + ([tokenizer.eos_token_id] if add_eos else [])
     return {"input_ids": ids, "labels": list(ids)}
 
-
+# %% ../../nbs/lm/02_packing.ipynb #ba7257d6
 def chat_example(tokenizer, messages: list[dict]) -> dict:
     "An SFT example from chat messages: loss only on assistant tokens (and their end-of-turn token), via the chat template's generation mask."
     out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
@@ -31,7 +31,7 @@ def chat_example(tokenizer, messages: list[dict]) -> dict:
         raise BadInput("chat example has no assistant turn to train on (or the chat template lacks {% generation %} markers)")
     return {"input_ids": ids, "labels": [i if m else IGNORE for i, m in zip(ids, mask)]}
 
-
+# %% ../../nbs/lm/02_packing.ipynb #7dfe2652
 def prompt_completion_example(tokenizer, prompt: str, completion: str, add_bos: bool = True, add_eos: bool = True) -> dict:
     "An SFT example from plain prompt and completion text: loss on the completion (and EOS) only."
     prompt_ids = ([tokenizer.bos_token_id] if add_bos else []) + tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -57,7 +57,52 @@ def _row(segments: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int,
         positions = list(range(seq_len))
     return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
+# %% ../../nbs/lm/02_packing.ipynb #73640a32
+def _concat_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: int | None, cross_attention: bool) -> list[dict]:
+    "Examples end to end (each followed by `separator_id`), cut into rows of `seq_len`."
+    stream: list[tuple[int, int, int]] = []  # (id, label, example index)
+    for n, ex in enumerate(examples):
+        stream += [(t, l, n) for t, l in zip(ex["input_ids"], ex["labels"])]
+        if separator_id is not None:
+            stream.append((separator_id, separator_id, n))
+    rows = []
+    for start in range(0, len(stream), seq_len):
+        chunk = stream[start:start + seq_len]
+        segments, current = [], None
+        for token, label, owner in chunk:
+            if owner != current:
+                segments.append(([], []))
+                current = owner
+            segments[-1][0].append(token)
+            segments[-1][1].append(label)
+        rows.append(_row(segments, seq_len, pad_id, cross_attention))
+    return rows
 
+# %% ../../nbs/lm/02_packing.ipynb #88374bde
+def _greedy_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: int | None, cross_attention: bool,
+                 seed: int, truncate: bool) -> list[dict]:
+    "Whole examples, shuffled with `seed`, grouped into rows of at most `seq_len` tokens and padded."
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    rows, group, used = [], [], 0
+    for n in order:
+        ids, labels = examples[n]["input_ids"], examples[n]["labels"]
+        if separator_id is not None:
+            ids, labels = ids + [separator_id], labels + [separator_id]
+        if len(ids) > seq_len:
+            if not truncate:
+                raise BadInput(f"example {n} has {len(ids)} tokens, longer than seq_len {seq_len}")
+            ids, labels = ids[:seq_len], labels[:seq_len]
+        if used + len(ids) > seq_len:
+            rows.append(_row(group, seq_len, pad_id, cross_attention))
+            group, used = [], 0
+        group.append((ids, labels))
+        used += len(ids)
+    if group:
+        rows.append(_row(group, seq_len, pad_id, cross_attention))
+    return rows
+
+# %% ../../nbs/lm/02_packing.ipynb #149a3ba1
 def pack(examples: Iterable[dict], seq_len: int, pad_id: int, mode: str = "concat", separator_id: int | None = None,
          cross_attention: bool = False, seed: int = 0, truncate: bool = True) -> list[dict]:
     "Pack examples into rows of `seq_len` (`concat` or `greedy`, see above); every row has input_ids, labels, position_ids."
@@ -66,43 +111,9 @@ def pack(examples: Iterable[dict], seq_len: int, pad_id: int, mode: str = "conca
         if len(ex["input_ids"]) != len(ex["labels"]):
             raise BadInput(f"example {i}: input_ids and labels differ in length ({len(ex['input_ids'])} vs {len(ex['labels'])})")
     if mode == "concat":
-        stream: list[tuple[int, int, int]] = []  # (id, label, example index)
-        for n, ex in enumerate(examples):
-            stream += [(t, l, n) for t, l in zip(ex["input_ids"], ex["labels"])]
-            if separator_id is not None:
-                stream.append((separator_id, separator_id, n))
-        rows = []
-        for start in range(0, len(stream), seq_len):
-            chunk = stream[start:start + seq_len]
-            segments, current = [], None
-            for token, label, owner in chunk:
-                if owner != current:
-                    segments.append(([], []))
-                    current = owner
-                segments[-1][0].append(token)
-                segments[-1][1].append(label)
-            rows.append(_row(segments, seq_len, pad_id, cross_attention))
-        return rows
+        return _concat_rows(examples, seq_len, pad_id, separator_id, cross_attention)
     if mode == "greedy":
-        order = list(range(len(examples)))
-        random.Random(seed).shuffle(order)
-        rows, group, used = [], [], 0
-        for n in order:
-            ids, labels = examples[n]["input_ids"], examples[n]["labels"]
-            if separator_id is not None:
-                ids, labels = ids + [separator_id], labels + [separator_id]
-            if len(ids) > seq_len:
-                if not truncate:
-                    raise BadInput(f"example {n} has {len(ids)} tokens, longer than seq_len {seq_len}")
-                ids, labels = ids[:seq_len], labels[:seq_len]
-            if used + len(ids) > seq_len:
-                rows.append(_row(group, seq_len, pad_id, cross_attention))
-                group, used = [], 0
-            group.append((ids, labels))
-            used += len(ids)
-        if group:
-            rows.append(_row(group, seq_len, pad_id, cross_attention))
-        return rows
+        return _greedy_rows(examples, seq_len, pad_id, separator_id, cross_attention, seed, truncate)
     raise BadInput(f"packing mode must be 'concat' or 'greedy', got {mode!r}")
 
 # %% ../../nbs/lm/02_packing.ipynb #30ad730b

@@ -48,15 +48,10 @@ def set_chat_template(tokenizer, name: str) -> None:
     tokenizer.chat_template = CHAT_TEMPLATES[name]
 
 # %% ../../nbs/lm/01_tokenizer.ipynb #9c3e2bc3
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, limit_alphabet: int = 200,
-                    chat_template: str = "chatml", show_progress: bool = False):
-    "Train a byte-fallback, digit-splitting BPE tokenizer on `texts`; a `PreTrainedTokenizerFast` with chat tokens and template."
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def _learn_merges(texts: Iterable[str], vocab_size: int, min_frequency: int, limit_alphabet: int, show_progress: bool):
+    "A draft `tokenizers.Tokenizer` with BPE merges learned on `texts` (special and byte tokens reserved as specials)."
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    floor = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
-    if vocab_size <= floor:
-        raise BadInput(f"vocab_size must exceed {floor} (special tokens + 256 byte tokens), got {vocab_size}")
     pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True),
         pre_tokenizers.Digits(individual_digits=True),
@@ -67,6 +62,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
                                   special_tokens=SPECIAL_TOKENS + BYTE_TOKENS, show_progress=show_progress)
     draft.train_from_iterator(texts, trainer)
+    return draft
+
+# %% ../../nbs/lm/01_tokenizer.ipynb #a8c9540f
+def _with_byte_tokens(draft, pre_tokenizer):
+    "The draft's BPE rebuilt with the byte tokens as ordinary entries at fixed ids, a byte-aware decoder, special tokens and BOS."
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     learned = json.loads(draft.to_str())["model"]
     reserved = set(SPECIAL_TOKENS) | set(BYTE_TOKENS)
@@ -82,12 +83,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
     # tokenized for sampling matches the examples the model was trained on
     final.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
                                                          special_tokens=[(BOS, SPECIAL_TOKENS.index(BOS))])
+    return final
+
+# %% ../../nbs/lm/01_tokenizer.ipynb #ad6043be
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, limit_alphabet: int = 200,
+                    chat_template: str = "chatml", show_progress: bool = False):
+    "Train a byte-fallback, digit-splitting BPE tokenizer on `texts`; a `PreTrainedTokenizerFast` with chat tokens and template."
+    from transformers import PreTrainedTokenizerFast
+
+    floor = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
+    if vocab_size <= floor:
+        raise BadInput(f"vocab_size must exceed {floor} (special tokens + 256 byte tokens), got {vocab_size}")
+    draft = _learn_merges(texts, vocab_size, min_frequency, limit_alphabet, show_progress)
+    final = _with_byte_tokens(draft, draft.pre_tokenizer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=final, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
                                         additional_special_tokens=[IM_START, IM_END, IM_SEP], padding_side="left")
     set_chat_template(tokenizer, chat_template)
     return tokenizer
 
-
+# %% ../../nbs/lm/01_tokenizer.ipynb #988974f4
 def stop_token_ids(tokenizer) -> list[int]:
     "Token ids that end a generation: EOS, and `<|im_end|>` when the tokenizer has it (chat turns end there)."
     ids = [tokenizer.eos_token_id]

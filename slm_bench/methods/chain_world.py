@@ -29,7 +29,7 @@ class ChainTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(self.symbols[i - 2] for i in ids if i >= 2)
 
-
+# %% ../../nbs/methods/01_chain_world.ipynb #66129700
 @dataclass
 class ChainWorld:
     "Positions with {symbol: (probability, score change)}; success when the final score >= threshold."
@@ -47,7 +47,7 @@ class ChainWorld:
             return float(score >= self.threshold)
         return sum(prob * self._p(position + 1, score + change) for prob, change in self.steps[position].values())
 
-
+# %% ../../nbs/methods/01_chain_world.ipynb #d4e24a17
 class ChainSampler:
     "The Sampler contract over `ChainWorld`s; a prompt is [BOS, question symbol], the question symbol picks the world."
 
@@ -69,32 +69,37 @@ class ChainSampler:
                 logits[self.tokenizer.symbols.index(symbol) + 2] = math.log(prob)
         return logits
 
-    def generate(self, prompts, params: SamplingParams):
-        from slm_bench.infer.sampling import Completion, make_noise, sample_from_logits
+# %% ../../nbs/methods/01_chain_world.ipynb #e7afb8ac
+def _generate(self: ChainSampler, prompts, params: SamplingParams):
+    from slm_bench.infer.sampling import Completion, make_noise, sample_from_logits
 
-        noise = make_noise(params, [list(p) for p in prompts], list(range(len(prompts))))
-        rows = [(list(p), []) for p in prompts for _ in range(params.n)]
-        logprobs = [[] for _ in rows]
-        for _ in range(params.max_new_tokens):
-            logits = self._torch.stack([self._distribution(p, g) for p, g in rows])
-            tokens, lps = sample_from_logits(logits, params, noise)
-            for r, ((p, g), t, lp) in enumerate(zip(rows, tokens.tolist(), lps.tolist())):
-                if not g or g[-1] != 0:
-                    g.append(t)
-                    logprobs[r].append(lp)
-            if all(g and g[-1] == 0 for _, g in rows):
-                break
-        out = []
-        for i in range(len(prompts)):
-            group = rows[i * params.n:(i + 1) * params.n]
-            out.append([Completion(g, self.tokenizer.decode(g), logprobs[i * params.n + j], "stop" if g and g[-1] == 0 else "length")
-                        for j, (_, g) in enumerate(group)])
-        return out
-
-    def score(self, prompts, continuations):
-        return [[self._distribution(list(p), list(c[:k])).log_softmax(-1)[t].item() for k, t in enumerate(c)] for p, c in zip(prompts, continuations)]
+    noise = make_noise(params, [list(p) for p in prompts], list(range(len(prompts))))
+    rows = [(list(p), []) for p in prompts for _ in range(params.n)]
+    logprobs = [[] for _ in rows]
+    for _ in range(params.max_new_tokens):
+        logits = self._torch.stack([self._distribution(p, g) for p, g in rows])
+        tokens, lps = sample_from_logits(logits, params, noise)
+        for r, ((p, g), t, lp) in enumerate(zip(rows, tokens.tolist(), lps.tolist())):
+            if not g or g[-1] != 0:
+                g.append(t)
+                logprobs[r].append(lp)
+        if all(g and g[-1] == 0 for _, g in rows):
+            break
+    out = []
+    for i in range(len(prompts)):
+        group = rows[i * params.n:(i + 1) * params.n]
+        out.append([Completion(g, self.tokenizer.decode(g), logprobs[i * params.n + j], "stop" if g and g[-1] == 0 else "length")
+                    for j, (_, g) in enumerate(group)])
+    return out
 
 
+def _score(self: ChainSampler, prompts, continuations):
+    return [[self._distribution(list(p), list(c[:k])).log_softmax(-1)[t].item() for k, t in enumerate(c)] for p, c in zip(prompts, continuations)]
+
+
+ChainSampler.generate, ChainSampler.score = _generate, _score
+
+# %% ../../nbs/methods/01_chain_world.ipynb #f60fe96e
 class ChainOracle:
     "Correct when the chain's final score reaches its world's threshold."
     name = "chain"
@@ -109,7 +114,7 @@ class ChainOracle:
             out.append(world.p(self.sampler.tokenizer, ids) == 1.0 and len([t for t in ids if t >= 2]) == len(world.steps))
         return out
 
-
+# %% ../../nbs/methods/01_chain_world.ipynb #23403ab7
 def planted_pivots(sampler: ChainSampler, question: Question, tokens: Sequence[int], p_gap: float) -> list[tuple[int, float]]:
     "(position, exact Δp) of every token of `tokens` whose step changes the exact p(success) by at least p_gap."
     world = sampler.worlds[sampler.tokenizer.symbols[question.prompt_ids[1] - 2]]

@@ -35,14 +35,14 @@ def search_records(result, tokenizer, question_text: dict[str, str] | None = Non
                         "rollouts": rollouts})
     return records
 
-
+# %% ../../nbs/methods/05_pts_view.ipynb #126dbac8
 def curve_points(record: dict) -> tuple[list[int], list[float]]:
     "The step curve's x (prefix length) and p, from the estimated prefixes."
     xs = [int(i) for i, _, _ in record["curve"]]
     ps = [float(p) for _, p, _ in record["curve"]]
     return xs, ps
 
-
+# %% ../../nbs/methods/05_pts_view.ipynb #1af805e7
 def plot_curve(record: dict, ax=None, point: int | None = None, max_labels: int = 60):
     "Draw one search's probability curve on `ax` (new figure if None); returns the axes."
     import matplotlib.pyplot as plt
@@ -75,7 +75,7 @@ def plot_curve(record: dict, ax=None, point: int | None = None, max_labels: int 
     ax.legend(loc="lower left", fontsize=7)
     return ax
 
-
+# %% ../../nbs/methods/05_pts_view.ipynb #776db8b4
 def curves_figure(records: Sequence[dict], limit: int = 4):
     "A static figure of up to `limit` searches, those with pivots first (for the report); a note when there are none."
     import matplotlib.pyplot as plt
@@ -92,7 +92,7 @@ def curves_figure(records: Sequence[dict], limit: int = 4):
     fig.tight_layout()
     return fig
 
-
+# %% ../../nbs/methods/05_pts_view.ipynb #641d5c8f
 def rollouts_html(record: dict, point: int) -> str:
     "The kept rollouts from the estimated prefix at or before `point`, with their verdicts."
     xs, ps = curve_points(record)
@@ -104,7 +104,7 @@ def rollouts_html(record: dict, point: int) -> str:
     return (f"<b>prefix of {nearest} tokens</b> (p = {p:.2f}): <pre style='margin:0'>{html.escape(prefix[-200:])}</pre>"
             f"<table>{rows}</table>")
 
-
+# %% ../../nbs/methods/05_pts_view.ipynb #f4c5774d
 class PTSCurveWidget:
     "Pick a question and a point on its solution; the curve, the p_gap band and the rollouts behind the point update."
 
@@ -125,29 +125,35 @@ class PTSCurveWidget:
         self.widget = widgets.VBox([widgets.HBox([self.question, self.point]), self.output, self.rollouts])
         self._on_question(None)
 
-    def _on_question(self, _):
-        record = self.records[self.question.value]
-        self._quiet = True  # one redraw for the new question, not one per slider change
-        self.point.max = len(record["pieces"])
-        self.point.value = record["pivots"][0]["position"] if record["pivots"] else 0
-        self._quiet = False
-        self.redraw()
+# %% ../../nbs/methods/05_pts_view.ipynb #819c768f
+def _on_question(self: PTSCurveWidget, _):
+    record = self.records[self.question.value]
+    self._quiet = True  # one redraw for the new question, not one per slider change
+    self.point.max = len(record["pieces"])
+    self.point.value = record["pivots"][0]["position"] if record["pivots"] else 0
+    self._quiet = False
+    self.redraw()
 
-    def redraw(self):
-        "Redraw the figure and the rollout list; returns the figure."
-        import matplotlib.pyplot as plt
-        from IPython.display import clear_output, display
 
-        record = self.records[self.question.value]
-        ax = plot_curve(record, point=self.point.value)
-        self.rollouts.value = rollouts_html(record, self.point.value)
-        with self.output:
-            clear_output(wait=True)
-            display(ax.figure)
-        plt.close(ax.figure)
-        return ax.figure
+def _redraw(self: PTSCurveWidget):
+    "Redraw the figure and the rollout list; returns the figure."
+    import matplotlib.pyplot as plt
+    from IPython.display import clear_output, display
 
-    def _ipython_display_(self):
-        from IPython.display import display
+    record = self.records[self.question.value]
+    ax = plot_curve(record, point=self.point.value)
+    self.rollouts.value = rollouts_html(record, self.point.value)
+    with self.output:
+        clear_output(wait=True)
+        display(ax.figure)
+    plt.close(ax.figure)
+    return ax.figure
 
-        display(self.widget)
+
+def _display_widget(self: PTSCurveWidget):
+    from IPython.display import display
+
+    display(self.widget)
+
+
+PTSCurveWidget._on_question, PTSCurveWidget.redraw, PTSCurveWidget._ipython_display_ = _on_question, _redraw, _display_widget

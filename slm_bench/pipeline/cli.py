@@ -59,7 +59,7 @@ def cmd_stages(args) -> int:
         print()
     return 0
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #c76d74d3
 def cmd_recipes(args) -> int:
     "List the recipes: each one's own stages and the stages it needs from other recipes."
     from slm_bench.pipeline.stages import discover_stages, recipe_stages, recipes
@@ -74,7 +74,7 @@ def cmd_recipes(args) -> int:
         print(f"{name}: {', '.join(entry['stages'])}" + (f"  (needs {', '.join(entry['needs'])})" if entry["needs"] else ""))
     return 0
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #a3797908
 def cmd_profiles(args) -> int:
     "List the named profiles and the values each sets."
     for profile in PROFILES.values():
@@ -84,6 +84,13 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def _si(x: float) -> str:
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= size:
+            return f"{x / size:.2f}{unit}"
+    return f"{x:.0f}"
+
+# %% ../../nbs/pipeline/09_cli.ipynb #863bd19d
 def cmd_presets(args) -> int:
     "Model presets with attention kind, parameter count and FLOPs per token."
     from slm_bench.lm.models import PRESETS, describe
@@ -100,14 +107,7 @@ def cmd_presets(args) -> int:
               f"{_si(r['params_non_embedding']):>9} {_si(r['forward_flops_per_token']):>13} {r['context']:>6}")
     return 0
 
-
-def _si(x: float) -> str:
-    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= size:
-            return f"{x / size:.2f}{unit}"
-    return f"{x:.0f}"
-
-
+# %% ../../nbs/pipeline/09_cli.ipynb #54818e49
 def _name_list(text: str | None, option: str, example: str) -> list[str] | None:
     "A comma-separated option value as a list (None when the option was not given)."
     if text is None:
@@ -132,7 +132,7 @@ def cmd_run(args) -> int:
     run_pipeline(plan, log=lambda line: print(line, flush=True))
     return 0
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #e0c3bb55
 def cmd_report(args) -> int:
     "Re-render a run folder's report pages and index."
     from slm_bench.pipeline.report import render_report
@@ -158,7 +158,7 @@ def cmd_compare(args) -> int:
     print(f"\ncompare: {compare_page(tables, run_dirs, out)}")
     return 0
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #67a7fd19
 def cmd_lab(args) -> int:
     "Prepare a finished run's stage notebook(s) with the run's inputs and a scratch output folder; start JupyterLab on them."
     from slm_bench.pipeline.lab import lab_command, prepare_lab, start_lab
@@ -172,7 +172,7 @@ def cmd_lab(args) -> int:
         return 0
     return start_lab(notebooks, args.port, args.token)
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #508c40c8
 def cmd_serve(args) -> int:
     "Serve a checkpoint as an OpenAI-compatible endpoint until Ctrl-C."
     from slm_bench.infer.serve import serve
@@ -196,13 +196,13 @@ def cmd_score(args) -> int:
 # %% ../../nbs/pipeline/09_cli.ipynb #f1ffae30
 BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
-    "sampler": ("slm_bench.bench.core:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s"),
-    "train": ("slm_bench.bench.core:bench_train", "training engine against a bare PyTorch loop, tokens/s"),
-    "sandbox": ("slm_bench.bench.core:bench_sandbox", "sandbox pool against one fresh `python -c` per program, programs/s"),
+    "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s"),
+    "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s"),
+    "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "sandbox pool against one fresh `python -c` per program, programs/s"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against the open implementation's approach and a brute-force scan (needs `make run`)"),
 }
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #e54503e7
 def _print_bench(result: dict) -> None:
     print(f"benchmark {result['benchmark']} (baseline: {result['baseline']})")
     rows = result.get("rows", [])
@@ -215,7 +215,7 @@ def _print_bench(result: dict) -> None:
         if key not in ("benchmark", "baseline", "rows"):
             print(f"  {key}: {value}")
 
-
+# %% ../../nbs/pipeline/09_cli.ipynb #13d377b5
 def cmd_bench(args) -> int:
     "Run the named benchmarks (all when none is named)."
     names = args.names or list(BENCHMARKS)
@@ -240,10 +240,8 @@ def cmd_bench(args) -> int:
     return 0
 
 # %% ../../nbs/pipeline/09_cli.ipynb #83311984
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slm-bench", description="Run and inspect the slm_bench pipeline.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_listing_commands(sub) -> None:
+    "stages, recipes, profiles, presets."
     p = sub.add_parser("stages", help="list the stages with their inputs, outputs and parameters")
     p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -262,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_presets)
 
+# %% ../../nbs/pipeline/09_cli.ipynb #8ed22743
+def _add_run_commands(sub) -> None:
+    "run, report, compare, lab."
     p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
     p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
     p.add_argument("--stages", help="comma-separated stages to run (default: all); their inputs must be finished or included")
@@ -297,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="JupyterLab's access token")
     p.set_defaults(func=cmd_lab)
 
+# %% ../../nbs/pipeline/09_cli.ipynb #385cb279
+def _add_model_commands(sub) -> None:
+    "serve, score."
     p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint (loopback by default)")
     p.add_argument("checkpoint", help="HF-format checkpoint folder (or a hub id)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
@@ -313,10 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", help="pass@k values, e.g. 1,10,100")
     p.set_defaults(func=cmd_score)
 
+
+def _add_bench_command(sub) -> None:
+    "bench."
     p = sub.add_parser("bench", help="run benchmarks: " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_bench)
+
+# %% ../../nbs/pipeline/09_cli.ipynb #0aa7a404
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slm-bench", description="Run and inspect the slm_bench pipeline.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_commands in (_add_listing_commands, _add_run_commands, _add_model_commands, _add_bench_command):
+        add_commands(sub)
     return parser
 
 

@@ -18,7 +18,7 @@ from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
 __all__ = ['MANIFEST', 'METRICS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'METRICS_MIME', 'format_metric', 'StageContext',
-           'metrics_table_html', 'open_stage']
+           'open_stage', 'metrics_table_html']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
@@ -28,14 +28,14 @@ EXECUTED_NOTEBOOK = "notebook.ipynb"  # the executed copy of the stage notebook
 ATTEMPT = ".attempt.json"  # the runner's note of an attempt in progress (cache key, attempt count)
 METRICS_MIME = "application/vnd.slm-bench.metrics+json"
 
-# %% ../../nbs/pipeline/01_context.ipynb #1162a75f
+# %% ../../nbs/pipeline/01_context.ipynb #4df889cc
 def format_metric(value: Any) -> str:
     "A short human form of a metric value: 4 significant digits for floats."
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
 
-
+# %% ../../nbs/pipeline/01_context.ipynb #1162a75f
 @dataclass
 class StageContext:
     "A running stage's view of the run: where to write, where its inputs are, how to record metrics."
@@ -66,41 +66,7 @@ class StageContext:
             raise BadInput(f"stage {self.name!r} needs the finished output of {stage!r} in {folder}; run `slm-bench run --stages {stage} --run-dir {self.run_dir}` first")
         return folder
 
-    # The writers below return None so that a notebook cell ending in one of them shows nothing extra;
-    # `stage.path(name)` gives the path.
-    def save_json(self, relative: str | Path, obj: Any) -> None:
-        "Write `obj` as JSON into the stage folder, atomically."
-        atomic_write_json(self.path(relative), obj)
-
-    def save_figure(self, fig, relative: str | Path, dpi: int = 120) -> None:
-        "Save a matplotlib figure as PNG into the stage folder, atomically (it still shows inline)."
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-        atomic_write_bytes(self.path(relative), buffer.getvalue())
-
-    def show_table(self, table, name: str = "results") -> None:
-        "Save a `BenchmarkTable` as `tables/<name>.json` (what `slm-bench compare` reads) and display it."
-        table.save(self.path(Path(TABLES) / f"{name}.json"))
-        table.show()
-
-    def record(self, **metrics: Any) -> None:
-        "Merge `metrics` into the stage's metrics.json (read by the runner, summary and report) and show them as a table."
-        path = self.dir / METRICS
-        merged = {**read_json(path, {}), **metrics}
-        atomic_write_json(path, merged)
-        try:
-            from IPython.display import display
-            display({METRICS_MIME: merged, "text/html": metrics_table_html(merged), "text/plain": repr(merged)}, raw=True)
-        except ImportError:
-            pass
-
-
-def metrics_table_html(metrics: dict) -> str:
-    "A two-column HTML table of metrics."
-    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td>{html.escape(format_metric(v))}</td></tr>" for k, v in metrics.items())
-    return f"<table class='slm-metrics'>{rows}</table>"
-
-
+# %% ../../nbs/pipeline/01_context.ipynb #0de3802a
 def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "", seed: int | None = None) -> StageContext:
     "The context for the stage declared by `declaration` (its STAGE dict); creates its folder and seeds RNGs if `seed` is given."
     name = declaration["name"]
@@ -111,3 +77,45 @@ def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "",
         seed_everything(seed)
     attempt = read_json(folder / ATTEMPT, {}).get("attempt", 1)
     return StageContext(name, run_path, folder, tuple(declaration.get("inputs", ())), attempt)
+
+# %% ../../nbs/pipeline/01_context.ipynb #b8aa6f3b
+def _save_json(self: StageContext, relative: str | Path, obj: Any) -> None:
+    "Write `obj` as JSON into the stage folder, atomically."
+    atomic_write_json(self.path(relative), obj)
+
+
+def _save_figure(self: StageContext, fig, relative: str | Path, dpi: int = 120) -> None:
+    "Save a matplotlib figure as PNG into the stage folder, atomically (it still shows inline)."
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    atomic_write_bytes(self.path(relative), buffer.getvalue())
+
+
+def _show_table(self: StageContext, table, name: str = "results") -> None:
+    "Save a `BenchmarkTable` as `tables/<name>.json` (what `slm-bench compare` reads) and display it."
+    table.save(self.path(Path(TABLES) / f"{name}.json"))
+    table.show()
+
+
+StageContext.save_json, StageContext.save_figure, StageContext.show_table = _save_json, _save_figure, _show_table
+
+# %% ../../nbs/pipeline/01_context.ipynb #488f4d94
+def metrics_table_html(metrics: dict) -> str:
+    "A two-column HTML table of metrics."
+    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td>{html.escape(format_metric(v))}</td></tr>" for k, v in metrics.items())
+    return f"<table class='slm-metrics'>{rows}</table>"
+
+
+def _record(self: StageContext, **metrics: Any) -> None:
+    "Merge `metrics` into the stage's metrics.json (read by the runner, summary and report) and show them as a table."
+    path = self.dir / METRICS
+    merged = {**read_json(path, {}), **metrics}
+    atomic_write_json(path, merged)
+    try:
+        from IPython.display import display
+        display({METRICS_MIME: merged, "text/html": metrics_table_html(merged), "text/plain": repr(merged)}, raw=True)
+    except ImportError:
+        pass
+
+
+StageContext.record = _record

@@ -38,7 +38,7 @@ def _memory_gib() -> float | None:
         pass
     return None
 
-
+# %% ../../nbs/pipeline/04_hardware.ipynb #31df0aa1
 def collect_environment() -> dict:
     "Versions (Python, torch, transformers, CUDA), CPU, memory, threads and GPUs of this machine."
     import torch
@@ -82,7 +82,7 @@ def matmul_flops(n: int) -> int:
     "Floating-point operations in one n×n @ n×n product."
     return 2 * n**3
 
-
+# %% ../../nbs/pipeline/04_hardware.ipynb #0c04146e
 def time_per_call(fn, repeats: int, min_time_s: float, warmup: int = 2, sync=lambda: None) -> tuple[list[float], int]:
     """Seconds per call of `fn`, once per repeat, and the calls per repeat.
 
@@ -104,7 +104,7 @@ def time_per_call(fn, repeats: int, min_time_s: float, warmup: int = 2, sync=lam
         times.append((time.perf_counter() - start) / loops)
     return times, loops
 
-
+# %% ../../nbs/pipeline/04_hardware.ipynb #fad42368
 def _size_result(n: int, times: list[float], loops: int, **facts) -> dict:
     median = statistics.median(times)
     return {"n": n, **facts, "loops_per_repeat": loops, "repeats": len(times), "seconds": times, "median_s": median,

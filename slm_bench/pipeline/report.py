@@ -70,7 +70,7 @@ STAGE_TEMPLATE = r"""
 {%- endblock input_group %}
 """
 
-
+# %% ../../nbs/pipeline/03_report.ipynb #2af62ddf
 def _prefer_static_html(nb):
     "Outputs that ask for it (e.g. `BenchmarkTable`) show their static HTML in reports, not a widget with no kernel behind it."
     for cell in nb.cells:
@@ -79,7 +79,7 @@ def _prefer_static_html(nb):
                 output["data"] = {"text/html": output["data"]["text/html"]}
     return nb
 
-
+# %% ../../nbs/pipeline/03_report.ipynb #e0549a36
 def render_stage_page(executed: Path, page: Path, info: dict) -> Path:
     "Render an executed stage notebook to a self-contained HTML page (`info`: run_id, stage, status, duration)."
     import nbformat
@@ -113,7 +113,7 @@ def _duration(seconds) -> str:
         return ""
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
-
+# %% ../../nbs/pipeline/03_report.ipynb #66046c50
 def _metrics_cell(entry: dict) -> str:
     metrics = entry.get("metrics") or {}
     keys = [k for k in entry.get("key_metrics", []) if k in metrics] or list(metrics)
@@ -128,7 +128,7 @@ def _metrics_cell(entry: dict) -> str:
 def _thumbnails(paths: list[str]) -> str:
     return "".join(f"<a href='{html.escape(p)}'><img class='thumb' src='{html.escape(p)}' alt='{html.escape(p)}'></a>" for p in paths)
 
-
+# %% ../../nbs/pipeline/03_report.ipynb #76e9c424
 def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figures: dict[str, list[str]] | None = None,
                tables: dict | None = None) -> str:
     "The run's index page: run facts, one row per stage with status, duration, key metrics, figures and a link, then the results tables."

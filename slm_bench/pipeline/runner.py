@@ -95,7 +95,7 @@ class Plan:
     params: dict[str, dict[str, Any]]
     profile: Profile
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #d5aa89bf
 def _check_not_file(path: Path, what: str) -> None:
     for folder in (path, *path.parents):
         if folder.exists():
@@ -109,7 +109,7 @@ def stage_finished(run_dir: Path, name: str) -> dict | None:
     manifest = read_json(run_dir / name / MANIFEST, None)
     return manifest if manifest and manifest.get("status") == "ok" else None
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #7469f9a0
 def plan_run(options: RunOptions) -> Plan:
     "Validate a run request completely, writing nothing; `BadInput` on any problem."
     _check_not_file(options.run_dir, "run dir")
@@ -140,7 +140,7 @@ def library_source_hash(package: Path | None = None) -> str:
     files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     return sha256_json({p.relative_to(package).as_posix(): sha256_bytes(p.read_bytes()) for p in files})
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #7edb6290
 def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], library_hash: str) -> str:
     "What a finished stage's result depends on: the notebook's code, its parameters, its inputs and the library."
     return sha256_json({"notebook": stage.code_sha256, "params": params, "inputs": input_fingerprints, "library": library_hash})
@@ -172,7 +172,7 @@ def locate_failed_cell(executed: Path) -> tuple[int | None, str]:
     first_line = next((line for line in source_cells[culprit].source.splitlines() if line.strip()), "")
     return culprit + 1, first_line
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #18eeeb56
 def describe_failure(stage: Stage, error: BaseException, executed: Path, cell_timeout: float | None) -> dict:
     "A JSON-able account of why a stage failed: kind, cell, error name and value."
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -205,7 +205,7 @@ def failure_message(stage: Stage, failure: dict, executed: Path, report_page: Pa
         lines.append(f"  report page: {report_page}")
     return "\n".join(lines)
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #6e7d9f93
 def prepare_stage_dir(folder: Path, key: str, force: bool) -> int:
     "Mark `folder` unfinished and return the attempt number: kept files when resuming the same key, an empty folder otherwise."
     (folder / MANIFEST).unlink(missing_ok=True)
@@ -218,7 +218,7 @@ def prepare_stage_dir(folder: Path, key: str, force: bool) -> int:
     atomic_write_json(folder / ATTEMPT, {"cache_key": key, "attempt": attempt, "started": _now(), "pid": os.getpid()})
     return attempt
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #40d6eb5d
 @contextlib.contextmanager
 def kernel_environment():
     """How a stage kernel is started; yields the kernel manager's config.
@@ -239,7 +239,38 @@ def kernel_environment():
         if saved is not None:
             os.environ["MPLBACKEND"] = saved
 
+# %% ../../nbs/pipeline/02_runner.ipynb #2182a6de
+def _running_manifest(plan: Plan, stage: Stage, key: str, attempt: int, inputs: dict[str, str], started: str) -> dict:
+    "The manifest of a stage as it starts: what it runs (notebook, parameters, inputs), where, and with which software."
+    return {
+        "stage": stage.name, "status": "running", "cache_key": key, "attempt": attempt,
+        "notebook": {"path": str(stage.notebook), "code_sha256": stage.code_sha256},
+        "profile": plan.profile.name, "parameters": plan.params[stage.name], "inputs": inputs,
+        "versions": package_versions(), "host": socket.gethostname(), "started": started,
+    }
 
+
+def _missing_outputs(stage: Stage, folder: Path) -> MissingOutputs | None:
+    "A `MissingOutputs` naming the declared outputs that are not in `folder`; None when all are there."
+    missing = [out for out in stage.outputs if not (folder / out).exists()]
+    return MissingOutputs(f"the stage finished but did not write its declared outputs: {', '.join(missing)}") if missing else None
+
+
+def _close_stage(stage: Stage, folder: Path, manifest: dict, error: BaseException | None, cell_timeout: float | None,
+                 report_page: Path | None) -> dict:
+    "Write the final manifest: `failed` with an account of `error` (then `StageFailed`), or `ok` with the outputs hashed."
+    executed = folder / EXECUTED_NOTEBOOK
+    if error is not None:
+        failure = describe_failure(stage, error, executed, cell_timeout)
+        atomic_write_json(folder / MANIFEST, {**manifest, "status": "failed", "error": failure})
+        raise StageFailed(failure_message(stage, failure, executed, report_page))
+    outputs = hash_tree(folder, exclude=[MANIFEST, EXECUTED_NOTEBOOK])
+    manifest.update(status="ok", outputs=outputs, fingerprint=sha256_json(outputs))
+    atomic_write_json(folder / MANIFEST, manifest)
+    (folder / ATTEMPT).unlink(missing_ok=True)
+    return manifest
+
+# %% ../../nbs/pipeline/02_runner.ipynb #94159800
 def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], report_page: Path | None) -> dict:
     "Run one stage notebook into its folder and write its manifest; `StageFailed` if it fails."
     import papermill as pm
@@ -252,12 +283,7 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     executed = folder / EXECUTED_NOTEBOOK
     params = plan.params[stage.name]
     started, clock = _now(), time.perf_counter()
-    manifest = {
-        "stage": stage.name, "status": "running", "cache_key": key, "attempt": attempt,
-        "notebook": {"path": str(stage.notebook), "code_sha256": stage.code_sha256},
-        "profile": plan.profile.name, "parameters": params, "inputs": inputs,
-        "versions": package_versions(), "host": socket.gethostname(), "started": started,
-    }
+    manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
         with kernel_environment() as kernel_config:
@@ -270,19 +296,10 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     except (PapermillExecutionError, CellTimeoutError, DeadKernelError) as e:
         error = e
     duration = time.perf_counter() - clock
-    missing = [out for out in stage.outputs if not (folder / out).exists()]
-    if error is None and missing:
-        error = MissingOutputs(f"the stage finished but did not write its declared outputs: {', '.join(missing)}")
+    if error is None:
+        error = _missing_outputs(stage, folder)
     manifest.update(finished=_now(), duration_s=round(duration, 3), metrics=read_json(folder / METRICS, {}))
-    if error is not None:
-        failure = describe_failure(stage, error, executed, options.cell_timeout)
-        atomic_write_json(folder / MANIFEST, {**manifest, "status": "failed", "error": failure})
-        raise StageFailed(failure_message(stage, failure, executed, report_page))
-    outputs = hash_tree(folder, exclude=[MANIFEST, EXECUTED_NOTEBOOK])
-    manifest.update(status="ok", outputs=outputs, fingerprint=sha256_json(outputs))
-    atomic_write_json(folder / MANIFEST, manifest)
-    (folder / ATTEMPT).unlink(missing_ok=True)
-    return manifest
+    return _close_stage(stage, folder, manifest, error, options.cell_timeout, report_page)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #21e9f0af
 def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str, clock: float) -> dict:
@@ -320,7 +337,7 @@ def run_metrics(stages: list[dict]) -> dict:
             merged[name if counts[name] == 1 else f"{entry['name']}.{name}"] = value
     return merged
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #52719987
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path):
     "An exclusive lock on the run folder for the duration of a run (released even if the process is killed)."
@@ -335,7 +352,7 @@ def run_dir_lock(run_dir: Path):
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #646850a3
 def _child_pids() -> list[int]:
     "This process's direct children (the stage kernels), from /proc; empty where there is no /proc."
     children = []
@@ -374,7 +391,7 @@ def interrupt_stops_kernels():
     finally:
         signal.signal(signal.SIGINT, previous)
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #f456db46
 def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
     names = [k for k in stage.key_metrics if k in metrics] or [k for k, v in metrics.items() if isinstance(v, (int, float))][:limit]
     return "  ".join(f"{k}={format_metric(metrics[k])}" for k in names)
@@ -388,7 +405,18 @@ def log_results(run_dir: Path, log: Callable[[str], None]) -> None:
     if tables:
         log("\nresults (slm-bench compare " + str(run_dir) + "):\n\n" + compare_markdown(tables))
 
+# %% ../../nbs/pipeline/02_runner.ipynb #31eca540
+def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], page: Path | None, interrupted) -> dict:
+    "`execute_stage`, except that a stage whose kernel Ctrl-C killed (`interrupted`, an Event, is set) is unfinished (a `KeyboardInterrupt`), not failed."
+    try:
+        return execute_stage(plan, stage, key, inputs, page)
+    except StageFailed:
+        if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
+            (plan.options.run_dir / stage.name / MANIFEST).unlink(missing_ok=True)
+            raise KeyboardInterrupt from None
+        raise
 
+# %% ../../nbs/pipeline/02_runner.ipynb #c0880cb6
 def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
     "Execute a validated plan; returns the summary. Raises `StageFailed` or `RunInterrupted` after writing the summary and report."
     from slm_bench.pipeline.report import render_report  # the report module imports nbconvert: keep `slm-bench stages` light
@@ -425,13 +453,7 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log(f"{tag}  running ...")
             page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
             try:
-                try:
-                    manifest = execute_stage(plan, stage, key, inputs, page)
-                except StageFailed:
-                    if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
-                        (options.run_dir / name / MANIFEST).unlink(missing_ok=True)
-                        raise KeyboardInterrupt from None
-                    raise
+                manifest = _execute_or_interrupt(plan, stage, key, inputs, page, interrupted)
             except StageFailed:
                 actions[name] = "failed"
                 log(f"{tag}  FAILED")
@@ -446,7 +468,7 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log(f"{tag}  ok       {manifest['duration_s']:7.1f} s  {_headline_metrics(stage, manifest['metrics'])}")
         return finish("ok")
 
-
+# %% ../../nbs/pipeline/02_runner.ipynb #60150ef4
 def run_command_line() -> str:
     "The command that started this process, for the summary."
     return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])

@@ -36,7 +36,7 @@ def token_pair_tensors(pairs: Sequence[dict], pad_id: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
             "chosen": torch.tensor([p["chosen_ids"][0] for p in pairs]), "rejected": torch.tensor([p["rejected_ids"][0] for p in pairs])}
 
-
+# %% ../../nbs/train/02_dpo.ipynb #5e43f62d
 def sequence_pair_tensors(pairs: Sequence[dict], pad_id: int, max_length: int | None = None) -> dict:
     "Right-padded prompt + completion rows, chosen ones first; labels mark the completion tokens."
     if not pairs:
@@ -50,7 +50,7 @@ def sequence_pair_tensors(pairs: Sequence[dict], pad_id: int, max_length: int | 
     return {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]).view(2, P, width).transpose(0, 1),
             "labels": torch.tensor([l + [IGNORE] * (width - len(l)) for l in labels]).view(2, P, width).transpose(0, 1)}
 
-
+# %% ../../nbs/train/02_dpo.ipynb #ff65c0ce
 def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     "log π(chosen | prompt) and log π(rejected | prompt) for every pair of a token- or sequence-pair batch."
     if "chosen" in batch:  # token pairs: the last position's logits only
@@ -67,7 +67,7 @@ def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     sums = (token_logps * (targets != IGNORE)).sum(-1).view(P, 2)
     return sums[:, 0], sums[:, 1]
 
-
+# %% ../../nbs/train/02_dpo.ipynb #1c3f737d
 @torch.no_grad()
 def reference_logps(model, tensors: dict, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     "The frozen reference's log-probabilities for every pair (computed once, before training)."
@@ -84,7 +84,7 @@ def reference_logps(model, tensors: dict, batch_size: int = 32) -> tuple[torch.T
     model.train(was_training)
     return torch.cat(chosen), torch.cat(rejected)
 
-
+# %% ../../nbs/train/02_dpo.ipynb #3290caa5
 def dpo_rows(reference_model, pairs: Sequence[dict], pad_id: int, micro_batch_size: int, seed: int = 0, kind: str = "token"):
     "A `PackedRows` of DPO pairs with the reference log-probabilities attached."
     from slm_bench.train.engine import PackedRows

@@ -56,12 +56,12 @@ class TrainConfig:
             raise BadInput(f"warmup_steps must be between 0 and steps ({self.steps}), got {self.warmup_steps}")
         self.betas, self.checkpoint_at = tuple(self.betas), tuple(sorted(set(self.checkpoint_at)))
 
-
+# %% ../../nbs/train/00_engine.ipynb #6803fd69
 def warmup_for(total_steps: int, ratio: float = 0.03, minimum: int = 5) -> int:
     "Llama 2's reward-model warmup: 3% of the steps, at least 5 (never more than all of them)."
     return min(total_steps, max(minimum, math.ceil(ratio * total_steps)))
 
-
+# %% ../../nbs/train/00_engine.ipynb #f0d81028
 def make_optimizer(model, config: TrainConfig) -> torch.optim.AdamW:
     "AdamW with weight decay on matrices only (norm weights and biases are not decayed)."
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -69,7 +69,7 @@ def make_optimizer(model, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                              lr=config.lr, betas=config.betas, eps=config.eps)
 
-
+# %% ../../nbs/train/00_engine.ipynb #05fb2dd2
 def make_schedule(optimizer, config: TrainConfig):
     "The learning-rate schedule named by `config.schedule`."
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup, get_linear_schedule_with_warmup
@@ -176,124 +176,80 @@ class Trainer:
         self.accelerator.register_for_checkpointing(self.schedule)
         self.step, self.tokens_seen = 0, 0
 
-    # -- checkpoints ---------------------------------------------------------------------------------
-    def save(self, named: bool = False) -> Path:
-        "Write a checkpoint for the current step (HF model too when `named`); periodic ones replace the previous periodic one."
-        target = _step_dir(self.out, self.step)
-        staging = target.with_name(target.name + ".partial")
-        if self.accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-        self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(staging / "trainer"))
-        if self.accelerator.is_main_process:
-            if named:
-                from slm_bench.lm.models import save_checkpoint
-                save_checkpoint(self.accelerator.unwrap_model(self.model), self.tokenizer, staging / "model")
-            atomic_write_json(staging / "state.json", {"step": self.step, "tokens_seen": self.tokens_seen, "named": named,
-                                                        "config": asdict(self.config)})
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-            for old in (self.out / "checkpoints").glob("step-*"):
-                state = read_json(old / "state.json", {})
-                if old != target and not state.get("named", False):
-                    shutil.rmtree(old, ignore_errors=True)
-        self.accelerator.wait_for_everyone()
-        return target
+# %% ../../nbs/train/00_engine.ipynb #0c9541c7
+def _micro_batches(self: Trainer, step: int) -> list[dict]:
+    "This process's micro-batches for optimizer step `step`."
+    world, rank, accum = self.accelerator.num_processes, self.accelerator.process_index, self.config.grad_accum
+    first = step * accum * world
+    device = self.accelerator.device
+    return [{k: v.to(device) for k, v in self.data.micro_batch(first + a * world + rank).items()} for a in range(accum)]
 
-    def resume(self) -> bool:
-        "Restore model, optimizer, schedule, RNG and data position from the latest checkpoint; False if there is none."
-        checkpoint = latest_checkpoint(self.out)
-        if checkpoint is None:
-            return False
-        self.accelerator.load_state(str(checkpoint / "trainer"))
-        state = read_json(checkpoint / "state.json")
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        metrics = self.out / "metrics.jsonl"
-        if metrics.exists() and self.accelerator.is_main_process:  # drop lines logged after the checkpoint
-            kept = [line for line in metrics.read_text().splitlines() if _logged_step(line) is not None and _logged_step(line) <= self.step]
-            metrics.write_text("".join(line + "\n" for line in kept))
-        return True
 
-    # -- one optimizer step --------------------------------------------------------------------------
-    def _micro_batches(self, step: int) -> list[dict]:
-        "This process's micro-batches for optimizer step `step`."
-        world, rank, accum = self.accelerator.num_processes, self.accelerator.process_index, self.config.grad_accum
-        first = step * accum * world
-        device = self.accelerator.device
-        return [{k: v.to(device) for k, v in self.data.micro_batch(first + a * world + rank).items()} for a in range(accum)]
+def _train_step(self: Trainer) -> dict:
+    "One optimizer step; returns its metrics."
+    acc, config = self.accelerator, self.config
+    batches = self._micro_batches(self.step)
+    units = torch.tensor(float(sum(self.objective.units(b) for b in batches)), device=acc.device)
+    total_units = acc.reduce(units, reduction="sum").item()
+    if total_units == 0:
+        raise BadInput(f"step {self.step}: no labelled tokens in the whole batch (all labels are -100)")
+    self.model.train()
+    loss_sum, extra = 0.0, {}
+    lr = self.schedule.get_last_lr()[0]
+    for i, batch in enumerate(batches):
+        sync = i == len(batches) - 1
+        with (contextlib.nullcontext() if sync else acc.no_sync(self.model)), acc.autocast():
+            loss, metrics = self.objective.loss(self.model, batch)
+        # DDP averages gradients over processes; scale so the result is the sum over all terms / total_units
+        acc.backward(loss * acc.num_processes / total_units)
+        loss_sum += loss.detach().float().item()
+        for k, v in metrics.items():
+            extra[k] = extra.get(k, 0.0) + float(v) / len(batches)
+    if config.grad_clip is not None:
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+    else:
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in self.model.parameters() if p.grad is not None]))
+    self.optimizer.step()
+    self.schedule.step()
+    self.optimizer.zero_grad(set_to_none=True)
+    tokens = sum(b["input_ids"].numel() for b in batches) * acc.num_processes
+    self.tokens_seen += tokens
+    self.step += 1
+    loss_total = acc.reduce(torch.tensor(loss_sum, device=acc.device), reduction="sum").item()
+    return {"step": self.step, "loss": loss_total / total_units, "lr": lr, "grad_norm": float(grad_norm),
+            "tokens": tokens, "tokens_seen": self.tokens_seen, **extra}
 
-    def train_step(self) -> dict:
-        "One optimizer step; returns its metrics."
-        acc, config = self.accelerator, self.config
-        batches = self._micro_batches(self.step)
-        units = torch.tensor(float(sum(self.objective.units(b) for b in batches)), device=acc.device)
-        total_units = acc.reduce(units, reduction="sum").item()
-        if total_units == 0:
-            raise BadInput(f"step {self.step}: no labelled tokens in the whole batch (all labels are -100)")
-        self.model.train()
-        loss_sum, extra = 0.0, {}
-        lr = self.schedule.get_last_lr()[0]
-        for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1
-            with (contextlib.nullcontext() if sync else acc.no_sync(self.model)), acc.autocast():
-                loss, metrics = self.objective.loss(self.model, batch)
-            # DDP averages gradients over processes; scale so the result is the sum over all terms / total_units
-            acc.backward(loss * acc.num_processes / total_units)
-            loss_sum += loss.detach().float().item()
-            for k, v in metrics.items():
-                extra[k] = extra.get(k, 0.0) + float(v) / len(batches)
-        if config.grad_clip is not None:
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), config.grad_clip)
-        else:
-            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in self.model.parameters() if p.grad is not None]))
-        self.optimizer.step()
-        self.schedule.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        tokens = sum(b["input_ids"].numel() for b in batches) * acc.num_processes
-        self.tokens_seen += tokens
-        self.step += 1
-        loss_total = acc.reduce(torch.tensor(loss_sum, device=acc.device), reduction="sum").item()
-        return {"step": self.step, "loss": loss_total / total_units, "lr": lr, "grad_norm": float(grad_norm),
-                "tokens": tokens, "tokens_seen": self.tokens_seen, **extra}
 
-    # -- the loop ------------------------------------------------------------------------------------
-    def train(self, resume: bool = True) -> dict:
-        "Run to `config.steps` (resuming from the latest checkpoint if asked); saves final/ and returns the last metrics."
-        from tqdm.auto import tqdm
+Trainer._micro_batches, Trainer.train_step = _micro_batches, _train_step
 
-        config, acc = self.config, self.accelerator
-        if resume:
-            self.resume()
-        self.out.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(total=config.steps, initial=self.step, desc="train", unit="step", disable=not (config.progress and acc.is_main_process))
-        last: dict = {}
-        window_start, window_tokens = time.perf_counter(), 0
-        with open(self.out / "metrics.jsonl", "a") as log:
-            while self.step < config.steps:
-                metrics = self.train_step()
-                window_tokens += metrics["tokens"]
-                bar.update(1)
-                if self.step % config.log_every == 0 or self.step == config.steps:
-                    elapsed = time.perf_counter() - window_start
-                    metrics["tokens_per_s"] = window_tokens / elapsed if elapsed > 0 else float("nan")
-                    window_start, window_tokens = time.perf_counter(), 0
-                    if acc.is_main_process:
-                        log.write(json.dumps(metrics) + "\n")
-                        log.flush()
-                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
-                    last = metrics
-                named = self.step in config.checkpoint_at
-                periodic = config.checkpoint_every and self.step % config.checkpoint_every == 0
-                if named or (periodic and self.step < config.steps):
-                    self.save(named=named)
-        bar.close()
-        if acc.is_main_process:
+# %% ../../nbs/train/00_engine.ipynb #9c9cb8e9
+def _save(self: Trainer, named: bool = False) -> Path:
+    "Write a checkpoint for the current step (HF model too when `named`); periodic ones replace the previous periodic one."
+    target = _step_dir(self.out, self.step)
+    staging = target.with_name(target.name + ".partial")
+    if self.accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    self.accelerator.wait_for_everyone()
+    self.accelerator.save_state(str(staging / "trainer"))
+    if self.accelerator.is_main_process:
+        if named:
             from slm_bench.lm.models import save_checkpoint
-            save_checkpoint(acc.unwrap_model(self.model), self.tokenizer, self.out / "final")
-        acc.wait_for_everyone()
-        return last
+            save_checkpoint(self.accelerator.unwrap_model(self.model), self.tokenizer, staging / "model")
+        atomic_write_json(staging / "state.json", {"step": self.step, "tokens_seen": self.tokens_seen, "named": named,
+                                                    "config": asdict(self.config)})
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        for old in (self.out / "checkpoints").glob("step-*"):
+            state = read_json(old / "state.json", {})
+            if old != target and not state.get("named", False):
+                shutil.rmtree(old, ignore_errors=True)
+    self.accelerator.wait_for_everyone()
+    return target
 
 
+Trainer.save = _save
+
+# %% ../../nbs/train/00_engine.ipynb #b904e6e2
 def _logged_step(line: str) -> int | None:
     try:
         return int(json.loads(line)["step"])
@@ -301,6 +257,64 @@ def _logged_step(line: str) -> int | None:
         return None
 
 
+def _resume(self: Trainer) -> bool:
+    "Restore model, optimizer, schedule, RNG and data position from the latest checkpoint; False if there is none."
+    checkpoint = latest_checkpoint(self.out)
+    if checkpoint is None:
+        return False
+    self.accelerator.load_state(str(checkpoint / "trainer"))
+    state = read_json(checkpoint / "state.json")
+    self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+    metrics = self.out / "metrics.jsonl"
+    if metrics.exists() and self.accelerator.is_main_process:  # drop lines logged after the checkpoint
+        kept = [line for line in metrics.read_text().splitlines() if _logged_step(line) is not None and _logged_step(line) <= self.step]
+        metrics.write_text("".join(line + "\n" for line in kept))
+    return True
+
+
+Trainer.resume = _resume
+
+# %% ../../nbs/train/00_engine.ipynb #9cd2b5e8
+def _train(self: Trainer, resume: bool = True) -> dict:
+    "Run to `config.steps` (resuming from the latest checkpoint if asked); saves final/ and returns the last metrics."
+    from tqdm.auto import tqdm
+
+    config, acc = self.config, self.accelerator
+    if resume:
+        self.resume()
+    self.out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=config.steps, initial=self.step, desc="train", unit="step", disable=not (config.progress and acc.is_main_process))
+    last: dict = {}
+    window_start, window_tokens = time.perf_counter(), 0
+    with open(self.out / "metrics.jsonl", "a") as log:
+        while self.step < config.steps:
+            metrics = self.train_step()
+            window_tokens += metrics["tokens"]
+            bar.update(1)
+            if self.step % config.log_every == 0 or self.step == config.steps:
+                elapsed = time.perf_counter() - window_start
+                metrics["tokens_per_s"] = window_tokens / elapsed if elapsed > 0 else float("nan")
+                window_start, window_tokens = time.perf_counter(), 0
+                if acc.is_main_process:
+                    log.write(json.dumps(metrics) + "\n")
+                    log.flush()
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
+                last = metrics
+            named = self.step in config.checkpoint_at
+            periodic = config.checkpoint_every and self.step % config.checkpoint_every == 0
+            if named or (periodic and self.step < config.steps):
+                self.save(named=named)
+    bar.close()
+    if acc.is_main_process:
+        from slm_bench.lm.models import save_checkpoint
+        save_checkpoint(acc.unwrap_model(self.model), self.tokenizer, self.out / "final")
+    acc.wait_for_everyone()
+    return last
+
+
+Trainer.train = _train
+
+# %% ../../nbs/train/00_engine.ipynb #4db4d9ad
 def read_metrics(out_dir: Path | str) -> list[dict]:
     "The metrics.jsonl of a training run, one dict per logged step."
     path = Path(out_dir) / "metrics.jsonl"

@@ -46,23 +46,27 @@ class VerifierModel(nn.Module):
         hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self.head(hidden).squeeze(-1)  # [batch, length] logits
 
-    def save_pretrained(self, folder, **kwargs) -> None:
-        "The transformer in HF format plus `verifier_head.pt` and `verifier.json`."
-        folder = Path(folder)
-        self.backbone.save_pretrained(folder, **kwargs)
-        torch.save(self.head.state_dict(), folder / "verifier_head.pt")
-        (folder / "verifier.json").write_text(json.dumps({"kind": "token-level verifier", "hidden_size": self.config.hidden_size}))
+# %% ../../nbs/train/01_verifier.ipynb #582fa74b
+def _save_pretrained(self: VerifierModel, folder, **kwargs) -> None:
+    "The transformer in HF format plus `verifier_head.pt` and `verifier.json`."
+    folder = Path(folder)
+    self.backbone.save_pretrained(folder, **kwargs)
+    torch.save(self.head.state_dict(), folder / "verifier_head.pt")
+    (folder / "verifier.json").write_text(json.dumps({"kind": "token-level verifier", "hidden_size": self.config.hidden_size}))
 
-    @classmethod
-    def from_pretrained(cls, folder) -> "VerifierModel":
-        from transformers import AutoModel
 
-        folder = Path(folder)
-        if not (folder / "verifier_head.pt").is_file():
-            raise BadInput(f"{folder} is not a verifier checkpoint (no verifier_head.pt)")
-        verifier = cls(AutoModel.from_pretrained(folder))
-        verifier.head.load_state_dict(torch.load(folder / "verifier_head.pt", weights_only=True))
-        return verifier
+def _from_pretrained(cls, folder) -> "VerifierModel":
+    from transformers import AutoModel
+
+    folder = Path(folder)
+    if not (folder / "verifier_head.pt").is_file():
+        raise BadInput(f"{folder} is not a verifier checkpoint (no verifier_head.pt)")
+    verifier = cls(AutoModel.from_pretrained(folder))
+    verifier.head.load_state_dict(torch.load(folder / "verifier_head.pt", weights_only=True))
+    return verifier
+
+
+VerifierModel.save_pretrained, VerifierModel.from_pretrained = _save_pretrained, classmethod(_from_pretrained)
 
 # %% ../../nbs/train/01_verifier.ipynb #e429acd5
 def verifier_example(prompt_ids: Sequence[int], solution_ids: Sequence[int], label: int, level: str = "token") -> dict:
@@ -76,7 +80,7 @@ def verifier_example(prompt_ids: Sequence[int], solution_ids: Sequence[int], lab
         labels = [IGNORE] * (len(ids) - 1) + [int(label)]
     return {"input_ids": ids, "labels": labels}
 
-
+# %% ../../nbs/train/01_verifier.ipynb #93b3b654
 class TokenVerifierObjective:
     "Binary cross-entropy of the scalar head against the labels (0/1) wherever a label is set."
     name = "verifier"
