@@ -51,7 +51,7 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
 
 # %% ../../nbs/core/02_store.ipynb #eda849a1
 def to_jsonable(obj: Any) -> Any:
-    "Plain JSON types for numpy/torch scalars, paths, tuples and sets; non-finite floats become None."
+    "Plain JSON types for numpy/torch scalars and arrays, paths, tuples and sets; non-finite floats become None."
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
@@ -62,9 +62,7 @@ def to_jsonable(obj: Any) -> Any:
         return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return to_jsonable(obj.item())
-    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays, torch tensors
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy / torch scalars and arrays (a scalar's tolist is a number)
         return to_jsonable(obj.tolist())
     raise TypeError(f"cannot store {type(obj).__name__} as JSON: {obj!r}")
 
