@@ -28,8 +28,9 @@ def read(path):
 def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     run_dir, reports, stdout = smoke_run
     summary = read(run_dir / "summary.json")
-    assert [s["name"] for s in summary["stages"]] == ["environment", "synth", "curate", "mixture", "pretrain", "sft", "verifier", "pts",
-                                                      "evaluate", "grid", "dpo"]
+    assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
+        ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
+        ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
     for key in ("pretrain_pass@1", "sft_pass@1", "sft_maj@k", "sft_verify@N@1", "k", "N", "dpo_pass@1", "pivots", "pairs", "rollouts_used"):
@@ -37,6 +38,10 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert metrics["k"] == 4 and metrics["N"] == 4
     index = (reports / "run" / "index.html").read_text()
     assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid", "pts", "dpo"))
+    for table in ("dpo/results", "evaluate/results", "grid/results"):  # the results tables: saved, in the index, printed at the end
+        assert (run_dir / table.replace("/", "/tables/")).with_suffix(".json").is_file(), table
+        assert f"<h2 class='results'>{table}</h2>" in index, table
+        assert f"### {table}" in stdout, table
     grid = read(run_dir / "grid" / "grid.json")["grid"]
     assert {"small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver"} <= set(grid)
 
@@ -52,7 +57,8 @@ def test_synth_and_curate(smoke_run):
     assert curate["kept"] < curate["generated"] == 1500
     assert curate["removed_filters"] >= sum(r["corrupted"] for r in train) * 0.8  # planted errors are caught by answer validation
     report = read(run_dir / "curate" / "contamination.json")
-    assert set(report["report"]) == {"tinygsm13", "tinygsm8", "phi4"} and "tiny-world test" in report["eval_sets"]
+    assert set(report["report"]) == {"tinygsm13", "tinygsm8", "phi4"}
+    assert sorted(report["eval_sets"]) == ["gsm8k test", "svamp test", "tiny-world test"]  # the real sets ship with the package
 
 
 def test_mixture_epochs_follow_the_formula(smoke_run):
