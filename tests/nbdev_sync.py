@@ -25,9 +25,11 @@ def _nbdev(command: str, cwd: Path) -> None:
         raise RuntimeError(f"{command} failed in the scratch copy:\n{proc.stdout}\n{proc.stderr}")
 
 
-def _docstring_only(path: Path) -> bool:
-    "True for a module that holds nothing but a docstring (how subpackage `__init__.py` files are written)."
-    body = ast.parse(path.read_text(encoding="utf-8")).body
+def _subpackage_marker(lib: Path, rel: Path) -> bool:
+    "True for a subpackage's `__init__.py` that holds nothing but its docstring (nbdev makes them empty; ours say what the subpackage owns)."
+    if len(rel.parts) < 2 or rel.name != "__init__.py":
+        return False
+    body = ast.parse((lib / rel).read_text(encoding="utf-8")).body
     return len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
 
 
@@ -50,14 +52,14 @@ def sync_problems(root: Path = ROOT) -> list[str]:
         generated = {p.relative_to(scratch / "slm_bench") for p in (scratch / "slm_bench").rglob("*.py")}
         present = {p.relative_to(lib) for p in lib.rglob("*.py") if "__pycache__" not in p.parts}
         for rel in sorted(present - generated):
-            if len(rel.parts) > 1 and rel.name == "__init__.py" and _docstring_only(lib / rel):
-                continue  # a subpackage's marker: its docstring says what the subpackage owns
+            if _subpackage_marker(lib, rel):
+                continue
             problems.append(f"slm_bench/{rel} comes from no notebook: delete it, or add its code to a notebook in nbs/")
         for rel in sorted(generated - present):
             problems.append(f"slm_bench/{rel} is missing: run `make export` and commit it")
         for rel in sorted(generated & present):
-            if len(rel.parts) > 1 and rel.name == "__init__.py" and _docstring_only(lib / rel):
-                continue  # nbdev only touches an empty one; ours carries the subpackage's docstring
+            if _subpackage_marker(lib, rel):
+                continue
             if not filecmp.cmp(lib / rel, scratch / "slm_bench" / rel, shallow=False):
                 problems.append(f"slm_bench/{rel} differs from what nbdev_export makes of nbs/: edit the notebook "
                                 "(or run nbdev_update after editing the .py), then `make export`")

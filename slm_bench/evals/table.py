@@ -139,7 +139,8 @@ def _frame(self: BenchmarkTable, rows: list[str] | None = None, columns: list[st
             raise BadInput(f"unknown {name} {', '.join(map(repr, unknown))}; {name}s: {', '.join(known)}")
     if reference is not None and reference not in self._rows:
         raise BadInput(f"reference row {reference!r} is not in the table; rows: {', '.join(self._rows)}")
-    rows = [r for r in (rows or self._rows) if paper or r not in self.paper_rows]
+    hidden = set() if paper else set(self.paper_rows)
+    rows = [r for r in (rows or self._rows) if r not in hidden]
     columns = columns or self._columns
     if sort_by is not None:
         missing = -math.inf if descending else math.inf
@@ -148,14 +149,7 @@ def _frame(self: BenchmarkTable, rows: list[str] | None = None, columns: list[st
                         index=pd.Index(rows, name=self.title or "row"), columns=columns)
 
 
-def _numbers(self: BenchmarkTable):
-    "The bare values as a DataFrame (rows × columns, papers' as fractions, NaN where empty)."
-    import pandas as pd
-
-    return pd.DataFrame([[self.value(r, c) for c in self._columns] for r in self._rows], index=self._rows, columns=self._columns)
-
-
-BenchmarkTable.frame, BenchmarkTable.numbers = _frame, _numbers
+BenchmarkTable.frame = _frame
 
 # %% ../../nbs/evals/05_table.ipynb #2574fcc9
 _TABLE_CSS = ("table.slm-bench{border-collapse:collapse;font:13px system-ui,sans-serif}"
@@ -173,13 +167,13 @@ def _sources(self: BenchmarkTable) -> list[str]:
 def _to_html(self: BenchmarkTable, **view) -> str:
     "Static HTML of the chosen view (see `frame`), with the papers' sources in the caption."
     e = html.escape
-    frame = self.frame(**view)
+    frame, paper_rows = self.frame(**view), set(self.paper_rows)
     head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
     body = []
     for row, cells in frame.iterrows():
         n = {c: self.cells[(row, c)].n for c in frame.columns if (row, c) in self.cells and self.cells[(row, c)].n}
         tds = "".join(f"<td title='n={n[c]}'>{e(v)}</td>" if c in n else f"<td>{e(v)}</td>" for c, v in cells.items())
-        body.append(f"<tr class='{'paper' if row in self.paper_rows else 'ours'}'><td>{e(str(row))}</td>{tds}</tr>")
+        body.append(f"<tr class='{'paper' if row in paper_rows else 'ours'}'><td>{e(str(row))}</td>{tds}</tr>")
     notes = [self.note] if self.note else []
     notes += ["Ours: estimate [95% interval]; hover a cell for n."] + [f"Paper: {e(s)}" for s in self._sources()]
     return (f"<style>{_TABLE_CSS}</style><table class='slm-bench'>"

@@ -15,7 +15,7 @@ from ..core.errors import BadInput
 from ..core.store import atomic_write_text, read_json
 from .context import MANIFEST
 from .runner import KERNEL_NAME, SUMMARY, stage_finished
-from .stages import discover_stages
+from .stages import Stage, discover_stages
 
 # %% auto #0
 __all__ = ['finished_stages', 'lab_stages', 'lab_notebook', 'prepare_lab', 'lab_command', 'start_lab']
@@ -42,17 +42,16 @@ def lab_stages(run_dir: Path, stage: str | None) -> list[str]:
     return [stage]
 
 # %% ../../nbs/pipeline/06_lab.ipynb #d2536a33
-def lab_notebook(run_dir: Path, stage_name: str, pipeline_dir: Path, scratch: Path) -> Path:
-    "Write the stage's notebook, parameterized for `run_dir` with outputs in `scratch`; returns its path."
+def lab_notebook(run_dir: Path, stage: Stage, scratch: Path) -> Path:
+    "Write `stage`'s notebook, parameterized for `run_dir` with outputs in `scratch`; returns its path."
     import nbformat
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    stage = discover_stages(pipeline_dir)[stage_name]
-    used = read_json(run_dir / stage_name / MANIFEST)["parameters"]
-    params = {**{k: v for k, v in used.items() if k in stage.params}, "run_dir": str(run_dir), "out_dir": str(scratch / stage_name)}
+    used = read_json(run_dir / stage.name / MANIFEST)["parameters"]
+    params = {**{k: v for k, v in used.items() if k in stage.params}, "run_dir": str(run_dir), "out_dir": str(scratch / stage.name)}
     nb = parameterize_notebook(load_notebook_node(str(stage.notebook)), params, kernel_name=KERNEL_NAME, language="python")
-    return atomic_write_text(scratch / f"{stage_name}.ipynb", nbformat.writes(nb))
+    return atomic_write_text(scratch / f"{stage.name}.ipynb", nbformat.writes(nb))
 
 
 def prepare_lab(run_dir: Path | str, stage: str | None, pipeline_dir: Path | str, scratch_root: Path | str) -> list[Path]:
@@ -64,7 +63,11 @@ def prepare_lab(run_dir: Path | str, stage: str | None, pipeline_dir: Path | str
     scratch = Path(scratch_root).resolve() / run_dir.name
     if scratch == run_dir or run_dir in scratch.parents:
         raise BadInput(f"the scratch folder {scratch} is inside the run {run_dir}: pick another --scratch")
-    return [lab_notebook(run_dir, name, pipeline_dir, scratch) for name in names]
+    stages = discover_stages(pipeline_dir)  # read the stage notebooks once
+    gone = [name for name in names if name not in stages]
+    if gone:
+        raise BadInput(f"run {run_dir} has stage(s) {', '.join(gone)} that {pipeline_dir} no longer holds (pass the --pipeline it ran with)")
+    return [lab_notebook(run_dir, stages[name], scratch) for name in names]
 
 # %% ../../nbs/pipeline/06_lab.ipynb #95942011
 def lab_command(notebooks: list[Path], port: int | None = None, token: str | None = None) -> list[str]:
