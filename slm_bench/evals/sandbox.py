@@ -9,18 +9,17 @@ import json
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable
 
-# %% auto #0
-__all__ = ['PRELOAD', 'HEAVY_MODULES', 'SandboxResult', 'Program', 'as_program', 'needs_full_worker', 'worker_main', 'Sandbox']
+from .isolation import (OPT_OUT, IsolationUnavailable, bwrap_command, explain_start_failure, find_bwrap,
+                        isolation_mode, missing_layers, process_only_command, runtime_view, seccomp_filter,
+                        seccomp_supported, worker_settings)
+from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES, PRELOAD
 
 # %% ../../nbs/evals/00_sandbox.ipynb #79cce452
 @dataclass
@@ -49,374 +48,50 @@ def as_program(item: Program | str | dict) -> Program:
         return Program(item)
     return Program(**item)
 
-# %% ../../nbs/evals/00_sandbox.ipynb #0bbbbe65
-_BLOCKED_CALLS = {
-    "os": ["system", "popen", "fork", "forkpty", "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
-           "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp",
-           "kill", "killpg", "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "chroot", "putenv", "unsetenv"],
-    "subprocess": ["Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"],
-    "shutil": ["chown"],
-}
-_PATH_CHECKED = {"os": ["remove", "unlink", "rmdir", "removedirs", "mkdir", "makedirs", "chmod", "chown", "lchown", "truncate",
-                        "utime", "symlink", "link", "rename", "renames", "replace", "mkfifo", "mknod"],
-                 "shutil": ["rmtree", "move", "copy", "copy2", "copyfile", "copytree"]}
-_BLOCKED_MODULES = ["ctypes", "_ctypes", "cffi", "multiprocessing", "pty", "resource", "_posixsubprocess"]
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-
-def _inside(path, root: str) -> bool:
-    try:
-        real = os.path.realpath(os.fspath(path) if not isinstance(path, int) else ".")
-    except TypeError:
-        return False
-    return real == root or real.startswith(root + os.sep)
-
-# %% ../../nbs/evals/00_sandbox.ipynb #358b964c
-_GUARD_ROOT = ["/nonexistent"]  # the running program's folder; set in the child before the guards go live
-_TWO_PATH_CALLS = {"rename", "renames", "replace", "move", "copy", "copy2", "copyfile", "copytree", "symlink", "link"}
-
-
-def _prepare_guards() -> list[tuple[object, str, object]]:
-    """(module, attribute, replacement) patches, built once in the zygote so that a child only assigns them.
-
-    No new processes or signals, writes and deletes only under the program's folder (`_GUARD_ROOT`)."""
-    import builtins
-    import io
-    import shutil as _shutil
-    import subprocess as _subprocess
-
-    modules = {"os": os, "subprocess": _subprocess, "shutil": _shutil}
-    patches = []
-
-    def blocked(name):
-        def refuse(*args, **kwargs):
-            raise PermissionError(f"{name} is disabled in the sandbox")
-        return refuse
-
-    def path_checked(name, fn, checked):
-        def check(*args, **kwargs):
-            paths = [a for a in args[:checked] if isinstance(a, (str, bytes, os.PathLike))]
-            if not all(_inside(p, _GUARD_ROOT[0]) for p in paths):
-                raise PermissionError(f"{name} outside the sandbox folder is not allowed")
-            return fn(*args, **kwargs)
-        return check
-
-    for module, names in _BLOCKED_CALLS.items():
-        patches += [(modules[module], name, blocked(f"{module}.{name}")) for name in names if hasattr(modules[module], name)]
-    for module, names in _PATH_CHECKED.items():
-        patches += [(modules[module], name, path_checked(f"{module}.{name}", getattr(modules[module], name), 2 if name in _TWO_PATH_CALLS else 1))
-                    for name in names if hasattr(modules[module], name)]
-    real_open, real_os_open = builtins.open, os.open
-
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+") and not isinstance(file, int) and not _inside(file, _GUARD_ROOT[0]):
-            raise PermissionError(f"writing {file!r} outside the sandbox folder is not allowed")
-        return real_open(file, mode, *args, **kwargs)
-
-    def guarded_os_open(path, flags, *args, **kwargs):
-        if flags & _WRITE_FLAGS and not _inside(path, _GUARD_ROOT[0]):
-            raise PermissionError(f"writing {path!r} outside the sandbox folder is not allowed")
-        return real_os_open(path, flags, *args, **kwargs)
-
-    patches += [(builtins, "open", guarded_open), (io, "open", guarded_open), (os, "open", guarded_os_open)]
-    return patches
-
-# %% ../../nbs/evals/00_sandbox.ipynb #b6acc9f4
-class _PreloadedOnly:
-    "Last import finder for a child that dropped privileges: a module the interpreter cannot read gets a clear error."
-
-    def find_spec(self, name, path=None, target=None):
-        raise ModuleNotFoundError(f"module {name!r} is not available in the sandbox: when it runs as `nobody`, only modules its "
-                                  f"workers preload can be imported ({', '.join(PRELOAD)}); add it to slm_bench.evals.sandbox.PRELOAD")
-
-
-def _apply_guards(patches, root: str, block_network: bool, preloaded_only: bool) -> None:
-    "Make the prepared guards live in this child (see `_prepare_guards`)."
-    _GUARD_ROOT[0] = root
-    for module, name, replacement in patches:
-        setattr(module, name, replacement)
-    for name in _BLOCKED_MODULES:
-        sys.modules[name] = None  # `import ctypes` now raises ImportError
-    if preloaded_only:
-        sys.meta_path.append(_PreloadedOnly())
-    if block_network:
-        import socket
-
-        def no_network(*args, **kwargs):
-            raise PermissionError("network access is disabled in the sandbox")
-
-        class NoSocket(socket.socket):
-            def __init__(self, *args, **kwargs):
-                no_network()
-        socket.socket, socket.create_connection = NoSocket, no_network
-
-# %% ../../nbs/evals/00_sandbox.ipynb #5d81c44e
-def _jsonable(value, limit: int = 2000):
-    "A JSON-friendly form of a program's return value (numbers stay numbers; others become their repr)."
-    import numbers
-
-    if value is None or isinstance(value, (bool, str)):
-        return value if not isinstance(value, str) else value[:limit]
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)) and len(value) <= 100:
-        return [_jsonable(v, limit) for v in value]
-    try:  # sympy numbers are not registered as numbers.Number
-        import sympy
-        if isinstance(value, sympy.Basic) and value.is_number:
-            return int(value) if value.is_Integer else float(value)
-    except Exception:
-        pass
-    return repr(value)[:limit]
-
-# %% ../../nbs/evals/00_sandbox.ipynb #e01e953f
-def _set_worker_limits(limits: dict) -> None:
-    """Limits set once in the worker and inherited by every child: address space, file size, open files, no core
-    dumps, and (effective once a child is `nobody`, or when not root) the process count. CPU time is per child."""
-    import resource
-
-    for kind, value in [(resource.RLIMIT_AS, limits["memory_mb"] * 2**20), (resource.RLIMIT_FSIZE, limits["file_bytes"]),
-                        (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, limits["max_processes"])]:
-        try:
-            resource.setrlimit(kind, (value, value))
-        except (ValueError, OSError):
-            pass
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-long output fails the write instead of killing the child
-
-# %% ../../nbs/evals/00_sandbox.ipynb #bae72b41
-def _run_child(job: dict, folder: str, result_fd: int, drop_to: tuple[int, int] | None, netns: bool, guards) -> None:
-    "The forked child: isolate, run the program, write a JSON result to `result_fd`, exit."
-    import resource
-
-    os.setsid()
-    os.chdir(folder)
-    resource.setrlimit(resource.RLIMIT_CPU, (int(job["timeout"]) + 1,) * 2)  # the other limits were set in the worker
-    if drop_to is not None:
-        os.setgroups([])
-        os.setgid(drop_to[1])
-        os.setuid(drop_to[0])
-    out = os.open(".output", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.environ.clear()  # the worker's environment is already small; the program sees exactly these
-    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8"})
-    _apply_guards(guards, os.path.realpath(folder), block_network=not netns, preloaded_only=drop_to is not None)
-    result = {"ok": False, "value": None, "error": None, "message": ""}
-    try:
-        namespace = {"__name__": "__sandbox__", "__builtins__": __builtins__}
-        exec(compile(job["code"], "<program>", "exec"), namespace)
-        if job.get("entry"):
-            if not callable(namespace.get(job["entry"])):
-                raise NameError(f"the program defines no function {job['entry']!r}")
-            result["value"] = _jsonable(namespace[job["entry"]]())
-        result["ok"] = True
-    except BaseException as error:  # SystemExit and KeyboardInterrupt are program failures too
-        result["error"] = type(error).__name__
-        result["message"] = str(error)[:1000]
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:
-        pass
-    try:
-        payload = json.dumps(result).encode()
-    except (TypeError, ValueError):
-        payload = json.dumps({**result, "value": repr(result["value"])[:2000]}).encode()
-    os.write(result_fd, payload)
-    os._exit(0)
-
-# %% ../../nbs/evals/00_sandbox.ipynb #63d5969a
-# Imported once by every worker. When the sandbox drops to `nobody`, the interpreter's own files may be
-# unreadable (a Python under /root), so a program can import only what is already loaded: this list covers
-# what grade-school math programs and HumanEval-style code use.
-PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
-           "collections.abc", "heapq", "bisect", "array", "copy", "string", "re", "statistics", "random", "datetime",
-           "calendar", "time", "json", "hashlib", "typing", "dataclasses", "enum", "textwrap", "unicodedata", "struct")
-
-
-HEAVY_MODULES = ("sympy",)  # only in the "full" workers; programs that mention them go there
-
-
+# %% ../../nbs/evals/00_sandbox.ipynb #bd257cd9
 def needs_full_worker(code: str) -> bool:
     "Whether a program mentions a module only the full workers preload."
     return any(name in code for name in HEAVY_MODULES)
 
 
-def _warm_sympy() -> None:
-    "Run the sympy calls grade-school programs make, so its lazily imported submodules are loaded before forking."
-    try:
-        import sympy
-        x, y = sympy.symbols("x y")
-        sympy.solve([sympy.Eq(2 * x + y, 10), sympy.Eq(x - y, 2)], [x, y])
-        sympy.solve(x ** 2 - 4, x)
-        sympy.simplify(sympy.Rational(3, 4) * x + sympy.sqrt(8))
-        sympy.nsimplify(0.25)
-        sympy.factorint(360)
-        sympy.Symbol("z", positive=True)
-    except Exception:
-        pass
+class WorkerDidNotStart(RuntimeError):
+    "A worker process ended (or hung) before saying it was ready; `stderr` is what it said."
 
-# %% ../../nbs/evals/00_sandbox.ipynb #bfd17e2d
-def _enter_network_namespace() -> bool:
-    "Move this process into a fresh network namespace (root only); True when it worked."
-    if os.getuid() != 0:
-        return False
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(0x40000000) == 0  # CLONE_NEWNET
-    except Exception:
-        return False
+    def __init__(self, stderr: str):
+        super().__init__(f"the sandbox worker did not start: {stderr or 'no message'}")
+        self.stderr = stderr
 
 
-def _nobody() -> tuple[int, int] | None:
-    if os.getuid() != 0:
-        return None
-    try:
-        import pwd
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return None
-
-# %% ../../nbs/evals/00_sandbox.ipynb #48744736
-def _read_until(read_end: int, deadline: float) -> tuple[list[bytes], bool]:
-    "The bytes the child wrote to the pipe, read until it closes it or `deadline` passes (then True: timed out)."
-    chunks, timed_out = [], False
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([read_end], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(read_end, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return chunks, timed_out
-
-
-def _collect_output(folder: str, output_bytes: int) -> str:
-    "The child's captured output (at most `output_bytes`); the job's folder is removed."
-    try:
-        with open(os.path.join(folder, ".output"), "rb") as f:
-            output = f.read(output_bytes).decode("utf-8", "replace")
-    except OSError:
-        output = ""
-    try:  # the common case: only the output file is left
-        os.unlink(os.path.join(folder, ".output"))
-        os.rmdir(folder)
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-    return output
-
-# %% ../../nbs/evals/00_sandbox.ipynb #7adb6a1a
-def _answer(job: dict, chunks: list[bytes], timed_out: bool, status: int, output: str, duration: float) -> dict:
-    "The job's answer: the child's result, or why there is none (a timeout, a crash)."
-    if timed_out:
-        return {"ok": False, "error": "Timeout", "message": f"ran longer than {job['timeout']:g} s", "stdout": output, "duration_s": duration}
-    try:
-        result = json.loads(b"".join(chunks))
-    except ValueError:
-        if os.WIFSIGNALED(status):
-            name = signal.Signals(os.WTERMSIG(status)).name
-            message = {"SIGXCPU": "CPU time limit exceeded", "SIGSEGV": "crashed (segmentation fault, e.g. a C stack overflow)",
-                       "SIGKILL": "killed (out of memory or a limit)"}.get(name, name)
-            return {"ok": False, "error": f"Crashed:{name}", "message": message, "stdout": output, "duration_s": duration}
-        return {"ok": False, "error": "Crashed", "message": f"exited with status {os.waitstatus_to_exitcode(status)} without a result",
-                "stdout": output, "duration_s": duration}
-    return {**result, "stdout": output, "duration_s": duration}
-
-
-def _run_job(job: dict, base: str, drop_to, netns: bool, guards) -> dict:
-    "Fork a child for one job and collect its result within the wall-clock deadline."
-    start = time.perf_counter()
-    folder = tempfile.mkdtemp(prefix="job-", dir=base)
-    if drop_to is not None:
-        os.chown(folder, *drop_to)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            _run_child(job, folder, write_end, drop_to, netns, guards)
-        finally:
-            os._exit(1)
-    os.close(write_end)
-    chunks, timed_out = _read_until(read_end, start + job["timeout"])
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the child and anything it started
-    except (ProcessLookupError, PermissionError):
-        pass
-    _, status = os.waitpid(pid, 0)
-    os.close(read_end)
-    output = _collect_output(folder, job["output_bytes"])
-    return _answer(job, chunks, timed_out, status, output, time.perf_counter() - start)
-
-# %% ../../nbs/evals/00_sandbox.ipynb #7e866c4a
-def worker_main(kind: str = "full", limits: str = "{}") -> None:
-    "The zygote's loop (started by `Sandbox` as `python -I -c 'from slm_bench.evals.sandbox import worker_main; worker_main(KIND)'`)."
-    import gc
-    import importlib
-
-    for name in PRELOAD:
-        if kind == "light" and name in HEAVY_MODULES:
-            continue
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    if kind == "full":
-        _warm_sympy()
-    guards = _prepare_guards()
-    netns = _enter_network_namespace()
-    limits = json.loads(limits)
-    drop_to = _nobody()
-    base = tempfile.mkdtemp(prefix="slm-sandbox-")
-    os.chmod(base, 0o711)
-    _set_worker_limits(limits)
-    gc.freeze()  # keep the warm heap shared with forked children
-    protocol = sys.stdout
-    sys.stdout = sys.stderr  # nothing but results goes to the protocol stream
-    layers = ["separate process", "fork per program", "rlimits (cpu, memory, file size, files)", "python guards"]
-    layers += ["network namespace"] if netns else ["socket guard"]
-    layers += ["runs as nobody"] if drop_to else []
-    protocol.write(json.dumps({"ready": True, "isolation": layers}) + "\n")
-    protocol.flush()
-    try:
-        for line in sys.stdin:
-            job = json.loads(line)
-            result = _run_job(job, base, drop_to, netns, guards)
-            protocol.write(json.dumps({"id": job["id"], **result}) + "\n")
-            protocol.flush()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-# %% ../../nbs/evals/00_sandbox.ipynb #bd257cd9
 class _Zygote:
-    "One worker process and its pipes (`kind`: light = stdlib preloaded, full = sympy too)."
+    "One worker process and its pipes (`kind`: light = stdlib preloaded, full = sympy too), started by `command`."
 
-    def __init__(self, kind: str = "full", limits: dict | None = None):
-        self.kind, self.limits = kind, limits or {"memory_mb": 1024, "file_bytes": 16 * 2**20, "max_processes": 64}
+    def __init__(self, kind: str, command: list[str], pass_fds=(), output_bytes: int = 20_000):
+        self.kind = kind
+        self.answer_chars = 2 * FRAME_BYTES + 6 * output_bytes + 4096  # the longest answer line a sound worker writes
+        self.errors = tempfile.TemporaryFile()  # the worker's stderr: why it did not start, or its last words
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", f"from slm_bench.evals.sandbox import worker_main; worker_main({kind!r}, {json.dumps(self.limits)!r})"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(),
-            start_new_session=True, text=True, bufsize=1,
-        )
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, env=env,
+                                     cwd="/", start_new_session=True, text=True, bufsize=1, pass_fds=pass_fds)
         hello = self._readline(60.0)
-        if not hello or not json.loads(hello).get("ready"):
+        if not hello:
             self.kill()
-            raise RuntimeError("the sandbox worker did not start (is slm_bench importable by `python -I`?)")
+            raise WorkerDidNotStart(self.last_words())
         self.isolation = json.loads(hello)["isolation"]
 
+    def last_words(self) -> str:
+        "The end of what the worker wrote on stderr."
+        self.errors.seek(0)
+        return self.errors.read()[-2000:].decode("utf-8", "replace").strip()
+
     def _readline(self, timeout: float) -> str | None:
+        "One protocol line, or None when none came in time; a line longer than a sound worker writes is an error."
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        return self.proc.stdout.readline() if ready else None
+        if not ready:
+            return None
+        line = self.proc.stdout.readline(self.answer_chars)
+        if line and not line.endswith("\n"):
+            raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
+        return line or None
 
     def run(self, job: dict) -> dict:
         return self.run_many([job])[0]
@@ -429,8 +104,12 @@ class _Zygote:
         for job in jobs:
             line = self._readline(job["timeout"] + 10.0)
             if not line:
-                raise RuntimeError(f"no answer from the sandbox worker ({len(answers)} of {len(jobs)} jobs answered)")
-            answers.append(json.loads(line))
+                raise RuntimeError(f"no answer from the sandbox worker ({len(answers)} of {len(jobs)} jobs answered)"
+                                   + (f": {self.last_words()}" if self.proc.poll() is not None and self.last_words() else ""))
+            answer = json.loads(line)
+            if answer.get("id") != job["id"]:
+                raise RuntimeError(f"the sandbox worker answered job {answer.get('id')} when {job['id']} was due")
+            answers.append(answer)
         return answers
 
     def kill(self) -> None:
@@ -441,17 +120,27 @@ class _Zygote:
         self.proc.wait()
 
 # %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
-class Sandbox:
-    """A pool of pre-warmed worker processes that run programs in isolated, limited children.
+OPENED: list[str] = []  # the isolation mode of every sandbox opened in this process (a stage's report lists them)
 
-    Two kinds of workers: *light* ones (stdlib preloaded; forking them costs ~0.5 ms) run most programs,
-    *full* ones (sympy preloaded too; ~1.5 ms) run programs that mention sympy and are started on first need."""
+
+class Sandbox:
+    """A pool of pre-warmed workers, each in its own namespaces, that run programs in limited children.
+
+    Two kinds of workers: *light* ones (stdlib preloaded) run most programs, *full* ones (sympy preloaded too) run
+    programs that mention sympy and are started on first need. `isolation` is "namespaces" (the default, refused
+    where the kernel cannot give them) or "process-only" (an explicit opt-out); `self.isolation` lists the layers
+    the workers checked from inside."""
 
     def __init__(self, workers: int | None = None, timeout: float = 5.0, memory_mb: int = 1024, output_bytes: int = 20_000,
-                 file_bytes: int = 16 * 2**20, max_processes: int = 64):
+                 file_bytes: int = 16 * 2**20, max_processes: int = 64, isolation: str | None = None,
+                 packages=("sympy", "mpmath"), tmp_bytes: int = 64 * 2**20):
+        self.mode = isolation_mode(isolation)
         self.workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.defaults = {"timeout": timeout, "output_bytes": output_bytes}
-        self._limits = {"memory_mb": memory_mb, "file_bytes": file_bytes, "max_processes": max_processes}
+        self._bwrap = find_bwrap() if self.mode == "namespaces" else None
+        self._view = runtime_view(packages) if self.mode == "namespaces" else []
+        limits = {"memory_mb": memory_mb, "file_bytes": file_bytes, "max_processes": max_processes}
+        self._settings = worker_settings(limits, self._view, tmp_bytes)
         self._idle: dict[str, queue.Queue[_Zygote]] = {"light": queue.Queue(), "full": queue.Queue()}
         self._all: list[_Zygote] = []
         self._started = {"light": False, "full": False}
@@ -459,6 +148,7 @@ class Sandbox:
         self._next_id = 0
         self._start("light")
         self.isolation = self._all[0].isolation
+        OPENED.append(self.mode)
 
     def _start(self, kind: str) -> None:
         "Start this kind's workers once (in parallel: a full worker takes about a second to import sympy)."
@@ -468,10 +158,38 @@ class Sandbox:
             self._started[kind] = True
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(self.workers) as pool:
-            for zygote in pool.map(lambda _: _Zygote(kind, self._limits), range(self.workers)):
+            for zygote in pool.map(lambda _: self._spawn(kind), range(self.workers)):
                 with self._lock:
                     self._all.append(zygote)
                 self._idle[kind].put(zygote)
+
+
+def _spawn(self: Sandbox, kind: str) -> _Zygote:
+    "Start one worker: in its namespaces (refusing one that misses a required layer), or as a plain process."
+    if self.mode == "process-only":
+        return _Zygote(kind, process_only_command(kind, self._settings), output_bytes=self.defaults["output_bytes"])
+    seccomp_fd = None
+    if seccomp_supported():
+        seccomp_fd = os.memfd_create("seccomp")
+        os.write(seccomp_fd, seccomp_filter())
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+    try:
+        command = bwrap_command(self._bwrap, kind, self._settings, self._view, seccomp_fd)
+        zygote = _Zygote(kind, command, pass_fds=[seccomp_fd] if seccomp_fd is not None else [],
+                         output_bytes=self.defaults["output_bytes"])
+    except WorkerDidNotStart as error:
+        raise explain_start_failure(error.stderr) from None
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+    missing = missing_layers(zygote.isolation)
+    if missing:
+        zygote.kill()
+        raise IsolationUnavailable(f"the sandbox's worker started without {', '.join(missing)}; " + OPT_OUT)
+    return zygote
+
+
+Sandbox._spawn = _spawn
 
 # %% ../../nbs/evals/00_sandbox.ipynb #8f076772
 def _job(self: Sandbox, program: Program) -> dict:
@@ -487,7 +205,7 @@ def _job(self: Sandbox, program: Program) -> dict:
 def _replace(self: Sandbox, zygote: _Zygote) -> None:
     "Kill a worker that misbehaved and put a fresh one of its kind in the pool."
     zygote.kill()
-    replacement = _Zygote(zygote.kind, self._limits)
+    replacement = self._spawn(zygote.kind)
     with self._lock:
         if zygote in self._all:
             self._all.remove(zygote)
