@@ -107,9 +107,15 @@ def metrics_table_html(metrics: dict) -> str:
 
 
 def _record(self: StageContext, **metrics: Any) -> None:
-    "Merge `metrics` into the stage's metrics.json (read by the runner, summary and report) and show them as a table."
+    """Merge `metrics` into the stage's metrics.json (read by the runner, summary and report) and show them as a table.
+
+    A stage that ran programs in a sandbox also records how they were isolated (`sandbox_isolation`), so the report
+    of a run that opted out of the namespaces says so."""
+    from slm_bench.evals.sandbox import isolation_used
+
     path = self.dir / METRICS
-    merged = {**read_json(path, {}), **metrics}
+    isolation = isolation_used()
+    merged = {**read_json(path, {}), **metrics, **({"sandbox_isolation": isolation} if isolation else {})}
     atomic_write_json(path, merged)
     try:
         from IPython.display import display

@@ -151,6 +151,10 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
         )
     note = "" if widgets_offline else ("<p class='note'>Widget snapshots are not embedded (the offline widget JavaScript "
                                        "is not installed; run <code>make setup</code>). Static figures are shown instead.</p>")
+    unisolated = [entry["name"] for entry in summary["stages"] if "process-only" in str((entry.get("metrics") or {}).get("sandbox_isolation", ""))]
+    if unisolated:
+        note += (f"<p class='error'>Model-written programs of {e(', '.join(unisolated))} ran without kernel isolation "
+                 "(sandbox isolation process-only): they could read this machine's files, including the run's answers.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>slm-bench run {e(summary['run_id'])}</title><style>{_INDEX_CSS}</style></head>
 <body>
