@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help setup js-assets run test check-sync nbdev-test pytest lab bench export report clean-runs
+.PHONY: help setup js-assets sandbox-deps run test check-sync nbdev-test pytest lab bench export report clean-runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -57,10 +57,20 @@ js-assets:
 	cp -r $$tmp/hm/package/dist/. $(JS_DIR)/html-manager/ && cp $$tmp/rq/package/require.js $(JS_DIR)/require.js && \
 	echo "widget assets installed in $(JS_DIR)"
 
-run: $(STAMP)
+# The sandbox's namespaces come from bubblewrap (Debian package `bubblewrap`): installed here when we can (root with
+# apt-get); otherwise the sandbox itself refuses with a message that says how to get it.
+sandbox-deps:
+	@command -v bwrap >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing bubblewrap (the sandbox's namespaces)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }; \
+	else echo "bubblewrap (bwrap) is not installed: the sandbox needs it (sudo apt install bubblewrap)"; fi
+
+run: $(STAMP) sandbox-deps
 	$(BIN)/slm-bench run --profile $(PROFILE) $(if $(RECIPE),--recipe $(RECIPE))
 
-test: $(STAMP)
+test: $(STAMP) sandbox-deps
 	$(BIN)/python tests/nbdev_sync.py
 	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(stages|[_.].*)$$'
 	$(BIN)/python -m pytest tests
@@ -69,7 +79,7 @@ lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
-bench: $(STAMP)
+bench: $(STAMP) sandbox-deps
 	$(BIN)/slm-bench bench
 
 export: $(STAMP)

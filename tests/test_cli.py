@@ -97,9 +97,10 @@ def test_presets_report(cli):
 def test_sandbox_benchmark_small():
     from slm_bench.bench.sandbox import bench_sandbox
 
-    result = bench_sandbox(n=30, workers=1)
-    assert result["pool_correct"] == 30 and result["baseline_correct"] == 30
-    assert result["ratio"] > 0 and set(result["families"]) <= {"plain", "math", "sympy"}
+    result = bench_sandbox(n=20, n_humaneval=5, repeats=1, workers=1)
+    assert result["correct"] == {"pool": 25, "humaneval_style": 25, "fresh_python": 25}
+    assert [row["family"] for row in result["rows"]] == ["math", "sympy", "plain", "humaneval"]
+    assert result["isolation"][:2] == ["separate process", "fork per program"] and "seccomp" in result["isolation"]
 
 
 def test_bench_pts_without_a_tiny_run_says_how_to_get_one(tmp_path):

@@ -70,7 +70,7 @@ class _Zygote:
     "One worker process and its pipes (`kind`: light = stdlib preloaded, full = sympy too), started by `command`."
 
     def __init__(self, kind: str, command: list[str], pass_fds=(), output_bytes: int = 20_000):
-        self.kind = kind
+        self.kind, self.worker_pid = kind, None  # the worker's host pid, when it is not `proc` itself (bwrap)
         self.answer_chars = 2 * FRAME_BYTES + 6 * output_bytes + 4096  # the longest answer line a sound worker writes
         self.errors = tempfile.TemporaryFile()  # the worker's stderr: why it did not start, or its last words
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
@@ -78,8 +78,9 @@ class _Zygote:
                                      cwd="/", start_new_session=True, text=True, bufsize=1, pass_fds=pass_fds)
         hello = self._readline(60.0)
         if not hello:
+            words = self.last_words()
             self.kill()
-            raise WorkerDidNotStart(self.last_words())
+            raise WorkerDidNotStart(words)
         self.isolation = json.loads(hello)["isolation"]
 
     def last_words(self) -> str:
@@ -117,11 +118,15 @@ class _Zygote:
         return answers
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        "Kill the worker (by its host pid: in its own session, it is not in bwrap's process group) and bwrap."
+        for kill, pid in ((os.kill, self.worker_pid), (os.killpg, self.proc.pid)):
+            try:
+                if pid:
+                    kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.proc.wait()
+        self.errors.close()
 
 # %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
 # %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
@@ -184,15 +189,20 @@ def _spawn(self: Sandbox, kind: str) -> _Zygote:
         seccomp_fd = os.memfd_create("seccomp")
         os.write(seccomp_fd, seccomp_filter())
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
+    info_read, info_write = os.pipe()
     try:
-        command = bwrap_command(self._bwrap, kind, self._settings, self._view, seccomp_fd)
-        zygote = _Zygote(kind, command, pass_fds=[seccomp_fd] if seccomp_fd is not None else [],
+        command = bwrap_command(self._bwrap, kind, self._settings, self._view, seccomp_fd, info_write)
+        zygote = _Zygote(kind, command, pass_fds=[info_write] + ([seccomp_fd] if seccomp_fd is not None else []),
                          output_bytes=self.defaults["output_bytes"])
+        os.close(info_write)
+        info_write = None
+        zygote.worker_pid = json.loads(os.read(info_read, 4096))["child-pid"]
     except WorkerDidNotStart as error:
-        raise explain_start_failure(error.stderr) from None
+        raise explain_start_failure(error.stderr, self._settings["user_namespace"]) from None
     finally:
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
+        for fd in (seccomp_fd, info_write, info_read):
+            if fd is not None:
+                os.close(fd)
     missing = missing_layers(zygote.isolation)
     if missing:
         zygote.kill()

@@ -312,7 +312,7 @@ def _set_limits(settings: dict, in_namespace: bool) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long file fails the write instead of killing the child
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as pid 1, signals left at their default are not delivered from inside
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #27814701
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #186ce6ef
 def _capabilities(libc) -> int:
     "This process's effective and permitted capability bits (capget), or -1 if they cannot be read."
     import ctypes
@@ -352,7 +352,8 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
         "seccomp": libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) == 2,
         "not dumpable": libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0,
         "rlimits": resource.getrlimit(resource.RLIMIT_AS)[0] == settings["memory_mb"] * 2**20,
-        "process limit": in_namespace and resource.getrlimit(resource.RLIMIT_NPROC)[0] == settings["max_processes"],
+        "process limit": in_namespace and settings.get("process_limit", False)
+                         and resource.getrlimit(resource.RLIMIT_NPROC)[0] == settings["max_processes"],
     }
     seen += [name for name, held in checks.items() if held]
     seen += [name for name in settings.get("unverifiable", []) if in_namespace]  # requested, with no check from inside

@@ -198,7 +198,7 @@ BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
     "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s"),
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s"),
-    "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "sandbox pool against one fresh `python -c` per program, programs/s"),
+    "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against the open implementation's approach and a brute-force scan (needs `make run`)"),
 }
 
