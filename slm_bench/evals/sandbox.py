@@ -12,6 +12,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 from .isolation import (OPT_OUT, IsolationUnavailable, bwrap_command, explain_start_failure, find_bwrap,
@@ -23,7 +24,6 @@ from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES, PRELOAD
 __all__ = ['OPENED', 'SandboxResult', 'Program', 'as_program', 'needs_full_worker', 'WorkerDidNotStart', 'isolation_used',
            'Sandbox']
 
-# %% ../../nbs/evals/00_sandbox.ipynb #79cce452
 # %% ../../nbs/evals/00_sandbox.ipynb #79cce452
 @dataclass
 class SandboxResult:
@@ -51,8 +51,7 @@ def as_program(item: Program | str | dict) -> Program:
         return Program(item)
     return Program(**item)
 
-# %% ../../nbs/evals/00_sandbox.ipynb #555e151f
-# %% ../../nbs/evals/00_sandbox.ipynb #bd257cd9
+# %% ../../nbs/evals/00_sandbox.ipynb #3fc893a1
 def needs_full_worker(code: str) -> bool:
     "Whether a program mentions a module only the full workers preload."
     return any(name in code for name in HEAVY_MODULES)
@@ -75,7 +74,8 @@ class _Zygote:
         self.errors = tempfile.TemporaryFile()  # the worker's stderr: why it did not start, or its last words
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, env=env,
-                                     cwd="/", start_new_session=True, text=True, bufsize=1, pass_fds=pass_fds)
+                                     cwd="/", start_new_session=True, pass_fds=pass_fds)
+        self._pending = bytearray()  # answer bytes read but not yet returned as lines
         hello = self._readline(60.0)
         if not hello:
             words = self.last_words()
@@ -89,21 +89,32 @@ class _Zygote:
         return self.errors.read()[-2000:].decode("utf-8", "replace").strip()
 
     def _readline(self, timeout: float) -> str | None:
-        "One protocol line, or None when none came in time; a line longer than a sound worker writes is an error."
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline(self.answer_chars)
-        if line and not line.endswith("\n"):
+        """One protocol line, or None when none came in time (or the worker closed its end). Read from the descriptor
+        into our own buffer, so a second answer that arrived with the first is never hidden from `select`; a line
+        longer than a sound worker writes is an error."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            if len(self._pending) > self.answer_chars:
+                raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.proc.stdout], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, rest = self._pending.partition(b"\n")
+        self._pending = bytearray(rest)
+        if len(line) > self.answer_chars:
             raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
-        return line or None
+        return line.decode()
 
     def run(self, job: dict) -> dict:
         return self.run_many([job])[0]
 
     def run_many(self, jobs: list[dict]) -> list[dict]:
         "Send several jobs at once (one pipe write) and collect their answers in order."
-        self.proc.stdin.write("".join(json.dumps(job) + "\n" for job in jobs))
+        self.proc.stdin.write("".join(json.dumps(job) + "\n" for job in jobs).encode())
         self.proc.stdin.flush()
         answers = []
         for job in jobs:
@@ -128,7 +139,6 @@ class _Zygote:
         self.proc.wait()
         self.errors.close()
 
-# %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
 # %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
 OPENED: list[str] = []  # the isolation mode of every sandbox opened in this process
 
@@ -213,7 +223,6 @@ def _spawn(self: Sandbox, kind: str) -> _Zygote:
 Sandbox._spawn = _spawn
 
 # %% ../../nbs/evals/00_sandbox.ipynb #8f076772
-# %% ../../nbs/evals/00_sandbox.ipynb #8f076772
 def _job(self: Sandbox, program: Program) -> dict:
     with self._lock:
         self._next_id += 1
@@ -258,7 +267,6 @@ def _run_chunk(self: Sandbox, kind: str, programs: list[Program]) -> list[Sandbo
 Sandbox._job, Sandbox._replace, Sandbox._result, Sandbox._run_chunk = _job, _replace, staticmethod(_result), _run_chunk
 
 # %% ../../nbs/evals/00_sandbox.ipynb #d3cf8a42
-# %% ../../nbs/evals/00_sandbox.ipynb #d3cf8a42
 def _run(self: Sandbox, code: str | Program, entry: str | None = None, timeout: float | None = None) -> SandboxResult:
     "Run one program (blocking)."
     program = as_program(code)
@@ -298,7 +306,6 @@ def _run_batch(self: Sandbox, programs: Iterable[Program | str | dict], progress
 
 Sandbox.run, Sandbox.run_batch = _run, _run_batch
 
-# %% ../../nbs/evals/00_sandbox.ipynb #146fa309
 # %% ../../nbs/evals/00_sandbox.ipynb #146fa309
 def _close(self: Sandbox) -> None:
     with self._lock:
