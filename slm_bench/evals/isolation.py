@@ -163,7 +163,7 @@ def _package_mounts(packages) -> list[tuple[str, str, str]]:
             mounts.append(("ro-bind", os.path.realpath(libs), f"{SITE_DIR}/{name}.libs"))
     return mounts
 
-# %% ../../nbs/evals/00b_isolation.ipynb #b61af707
+# %% ../../nbs/evals/00b_isolation.ipynb #9d7dd0a9
 def _view_args(view) -> list[str]:
     "bwrap arguments for the view, its folders made first, readable by anyone (bwrap would make them 0700 for root)."
     def ancestors(path: str) -> list[str]:
@@ -179,11 +179,14 @@ def _view_args(view) -> list[str]:
 
 
 def _host_probes(view) -> list[str]:
-    "Host paths that must not exist inside (the project's package, the working folder, home), skipping any the view needs."
-    targets = [target for _, _, target in view] + ["/tmp", "/dev", SANDBOX_DIR]  # what exists inside anyway
+    """Host paths that must not exist inside (the project's package, the working folder, home, the environment): any of
+    them but those the view mounts (or lies under) and the folders that exist inside anyway. A project under /tmp is
+    a fine probe: inside, /tmp is an empty tmpfs of the worker's own."""
+    mounted = [target for _, _, target in view]
+    skeleton = mounted + ["/tmp/job", "/dev", SANDBOX_DIR]  # folders on the way to these exist inside
     candidates = [os.path.dirname(os.path.dirname(os.path.realpath(sandbox_worker.__file__))), os.getcwd(), os.path.expanduser("~"), sys.prefix]
     return [path for path in dict.fromkeys(os.path.realpath(c) for c in candidates)
-            if os.path.exists(path) and path != "/" and not _under(path, targets) and not any(_under(t, [path]) for t in targets)]
+            if os.path.exists(path) and not _under(path, mounted) and not any(_under(t, [path]) for t in skeleton)]
 
 # %% ../../nbs/evals/00b_isolation.ipynb #61147f31
 def worker_settings(limits: dict, view, tmp_bytes: int) -> dict:
