@@ -143,9 +143,9 @@ class _Zygote:
 OPENED: list[str] = []  # the isolation mode of every sandbox opened in this process
 
 
-def isolation_used() -> str | None:
-    "How the sandboxes opened in this process isolated their programs (what a stage's report records), or None."
-    modes = sorted(set(OPENED))
+def isolation_used(since: int = 0) -> str | None:
+    "How the sandboxes this process opened (from the `since`-th on) isolated their programs (a stage's report records it), or None."
+    modes = sorted(set(OPENED[since:]))
     return ", ".join("process-only (no kernel isolation)" if m == "process-only" else m for m in modes) or None
 
 

@@ -44,6 +44,7 @@ class StageContext:
     dir: Path
     inputs: tuple[str, ...]
     attempt: int = 1  # >1 when the runner resumed an interrupted attempt in the same folder
+    sandboxes_before: int = 0  # sandboxes this process opened before the stage (its metrics name only its own)
 
     @property
     def resumed(self) -> bool:
@@ -76,7 +77,9 @@ def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "",
     if seed is not None:
         seed_everything(seed)
     attempt = read_json(folder / ATTEMPT, {}).get("attempt", 1)
-    return StageContext(name, run_path, folder, tuple(declaration.get("inputs", ())), attempt)
+    from slm_bench.evals.sandbox import OPENED
+
+    return StageContext(name, run_path, folder, tuple(declaration.get("inputs", ())), attempt, len(OPENED))
 
 # %% ../../nbs/pipeline/01_context.ipynb #b8aa6f3b
 def _save_json(self: StageContext, relative: str | Path, obj: Any) -> None:
@@ -114,7 +117,7 @@ def _record(self: StageContext, **metrics: Any) -> None:
     from slm_bench.evals.sandbox import isolation_used
 
     path = self.dir / METRICS
-    isolation = isolation_used()
+    isolation = isolation_used(since=self.sandboxes_before)
     merged = {**read_json(path, {}), **metrics, **({"sandbox_isolation": isolation} if isolation else {})}
     atomic_write_json(path, merged)
     try:
