@@ -14,7 +14,8 @@ import time
 
 # %% auto #0
 __all__ = ['PRELOAD', 'HEAVY_MODULES', 'FRAME_BYTES', 'VALUE_CHARS', 'MESSAGE_CHARS', 'ITEMS', 'DEPTH', 'INT_BITS', 'RESULT_FD',
-           'HOSTNAME', 'result_frame', 'parse_frame', 'verdict', 'wipe', 'observe_layers', 'worker_main']
+           'HOSTNAME', 'result_frame', 'parse_frame', 'verdict', 'wipe', 'observe_layers', 'program_environment',
+           'worker_main']
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e4c4ad9
 PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
@@ -121,7 +122,7 @@ def _execute(job: dict) -> dict:
             result["message"] = "<the exception's message could not be printed>"
     return result
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #62bcddb0
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #7495096f
 def _run_child(job: dict, result_fd: int, output_fd: int) -> None:
     "The forked child: its own session and folder, stdin from /dev/null, no other descriptors, a CPU limit; run, report, exit."
     import resource
@@ -136,9 +137,7 @@ def _run_child(job: dict, result_fd: int, output_fd: int) -> None:
     os.dup2(result_fd, RESULT_FD)
     os.closerange(RESULT_FD + 1, 1 << 20)
     resource.setrlimit(resource.RLIMIT_CPU, (int(job["timeout"]) + 1,) * 2)
-    os.environ.clear()
-    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": job["folder"], "LANG": "C.UTF-8"})
-    result = _execute(job)
+    result = _execute(job)  # its environment is the worker's, set once by `program_environment`
     if os.getpid() != me:  # a process the program forked finished the program's code: it reports nothing
         os._exit(0)
     for stream in (sys.stdout, sys.stderr):
@@ -359,7 +358,13 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
     seen += [name for name in settings.get("unverifiable", []) if in_namespace]  # requested, with no check from inside
     return seen + ["deadline", "stdin /dev/null", "result cap"]
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #f97137c7
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #5f0a2985
+def program_environment(folder: str) -> None:
+    "The environment every program sees (set in the worker, once, and inherited): a path, a home (its folder), a locale."
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8"})
+
+
 def _warm_sympy() -> None:
     "Run the sympy calls grade-school programs make, so its lazily imported submodules are loaded before forking."
     try:
@@ -414,6 +419,7 @@ def worker_main(kind: str = "full", settings: str = "{}") -> None:
     _set_limits(settings, in_namespace)
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace of the worker, even by the same user
     scratch = "/tmp" if in_namespace else tempfile.mkdtemp(prefix="slm-sandbox-")
+    program_environment(os.path.join(scratch, "job"))
     _send(protocol, {"ready": True, "isolation": observe_layers(settings, in_namespace)})
     gc.freeze()  # keep the warm heap shared with forked children
     try:
