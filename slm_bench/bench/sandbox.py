@@ -113,7 +113,7 @@ def _execute_like_human_eval(item, result, timeout: float, memory_bytes: int) ->
             signal.setitimer(signal.ITIMER_REAL, 0)
             shutil.rmtree, os.rmdir, os.chdir = cleanup
 
-# %% ../../nbs/bench/03_sandbox.ipynb #975618d5
+# %% ../../nbs/bench/03_sandbox.ipynb #4524bb49
 def run_like_human_eval(item, timeout: float = 5.0, memory_bytes: int = 2**30) -> tuple[bool, Any]:
     "One program the human-eval way: (ok, value)."
     import multiprocessing

@@ -101,7 +101,7 @@ def seccomp_filter(denied=DENIED) -> bytes:
     "The filter as the kernel (and `bwrap --seccomp`) reads it: 8 bytes per instruction."
     return b"".join(struct.pack("<HBBI", *instruction) for instruction in seccomp_program(denied))
 
-# %% ../../nbs/evals/00b_isolation.ipynb #4f1625f5
+# %% ../../nbs/evals/00b_isolation.ipynb #682e5e30
 def run_seccomp(program, nr: int, args=(), arch: int = AUDIT_ARCH_X86_64) -> int:
     "What `program` answers for one system call, computed the way the kernel's BPF interpreter would (for checking the filter)."
     data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * 6)[:6])
@@ -121,7 +121,7 @@ def seccomp_supported() -> bool:
     "The filter's system call numbers are x86_64's; elsewhere the sandbox runs without this layer (and says so)."
     return os.uname().machine == "x86_64"
 
-# %% ../../nbs/evals/00b_isolation.ipynb #458c5c72
+# %% ../../nbs/evals/00b_isolation.ipynb #cd49ef39
 def _under(path: str, roots) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
@@ -163,7 +163,7 @@ def _package_mounts(packages) -> list[tuple[str, str, str]]:
             mounts.append(("ro-bind", os.path.realpath(libs), f"{SITE_DIR}/{name}.libs"))
     return mounts
 
-# %% ../../nbs/evals/00b_isolation.ipynb #9d7dd0a9
+# %% ../../nbs/evals/00b_isolation.ipynb #42c60841
 def _view_args(view) -> list[str]:
     "bwrap arguments for the view, its folders made first, readable by anyone (bwrap would make them 0700 for root)."
     def ancestors(path: str) -> list[str]:
@@ -188,7 +188,7 @@ def _host_probes(view) -> list[str]:
     return [path for path in dict.fromkeys(os.path.realpath(c) for c in candidates)
             if os.path.exists(path) and not _under(path, mounted) and not any(_under(t, [path]) for t in skeleton)]
 
-# %% ../../nbs/evals/00b_isolation.ipynb #61147f31
+# %% ../../nbs/evals/00b_isolation.ipynb #b5925ff8
 def worker_settings(limits: dict, view, tmp_bytes: int) -> dict:
     """What the worker needs to set its limits and to check its layers from inside.
 
@@ -252,7 +252,7 @@ def process_only_command(kind: str, settings: dict) -> list[str]:
     "The command that starts one worker as a plain process of this user (no kernel isolation)."
     return [sys.executable, "-I", "-B", "-c", _worker_code(kind, settings, [os.path.dirname(os.path.realpath(sandbox_worker.__file__))])]
 
-# %% ../../nbs/evals/00b_isolation.ipynb #0d9e7ea0
+# %% ../../nbs/evals/00b_isolation.ipynb #497f606f
 OPT_OUT = ("or, to run programs without kernel isolation, opt in explicitly with Sandbox(isolation='process-only') "
             f"or {MODE_VARIABLE}=process-only (every report of the run then says so)")
 

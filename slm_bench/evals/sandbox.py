@@ -88,46 +88,6 @@ class _Zygote:
         self.errors.seek(0)
         return self.errors.read()[-2000:].decode("utf-8", "replace").strip()
 
-    def _readline(self, timeout: float) -> str | None:
-        """One protocol line, or None when none came in time (or the worker closed its end). Read from the descriptor
-        into our own buffer, so a second answer that arrived with the first is never hidden from `select`; a line
-        longer than a sound worker writes is an error."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            if len(self._pending) > self.answer_chars:
-                raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.proc.stdout], [], [], remaining)[0]:
-                return None
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                return None
-            self._pending += chunk
-        line, _, rest = self._pending.partition(b"\n")
-        self._pending = bytearray(rest)
-        if len(line) > self.answer_chars:
-            raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
-        return line.decode()
-
-    def run(self, job: dict) -> dict:
-        return self.run_many([job])[0]
-
-    def run_many(self, jobs: list[dict]) -> list[dict]:
-        "Send several jobs at once (one pipe write) and collect their answers in order."
-        self.proc.stdin.write("".join(json.dumps(job) + "\n" for job in jobs).encode())
-        self.proc.stdin.flush()
-        answers = []
-        for job in jobs:
-            line = self._readline(job["timeout"] + 10.0)
-            if not line:
-                raise RuntimeError(f"no answer from the sandbox worker ({len(answers)} of {len(jobs)} jobs answered)"
-                                   + (f": {self.last_words()}" if self.proc.poll() is not None and self.last_words() else ""))
-            answer = json.loads(line)
-            if answer.get("id") != job["id"]:
-                raise RuntimeError(f"the sandbox worker answered job {answer.get('id')} when {job['id']} was due")
-            answers.append(answer)
-        return answers
-
     def kill(self) -> None:
         "Kill the worker (by its host pid: in its own session, it is not in bwrap's process group) and bwrap."
         for kill, pid in ((os.kill, self.worker_pid), (os.killpg, self.proc.pid)):
@@ -139,6 +99,56 @@ class _Zygote:
         self.proc.wait()
         self.errors.close()
 
+# %% ../../nbs/evals/00_sandbox.ipynb #e48bcd10
+def _readline(self: _Zygote, timeout: float) -> str | None:
+    """One protocol line, or None when none came in time (or the worker closed its end). Read from the descriptor
+    into our own buffer, so a second answer that arrived with the first is never hidden from `select`; a line
+    longer than a sound worker writes is an error."""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in self._pending:
+        if len(self._pending) > self.answer_chars:
+            raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([self.proc.stdout], [], [], remaining)[0]:
+            return None
+        chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not chunk:
+            return None
+        self._pending += chunk
+    line, _, rest = self._pending.partition(b"\n")
+    self._pending = bytearray(rest)
+    if len(line) > self.answer_chars:
+        raise RuntimeError(f"the sandbox worker wrote an answer over {self.answer_chars} characters")
+    return line.decode()
+
+
+_Zygote._readline = _readline
+
+# %% ../../nbs/evals/00_sandbox.ipynb #c11b2574
+def _run_one(self: _Zygote, job: dict) -> dict:
+    "One job, and its answer."
+    return self.run_many([job])[0]
+
+
+def _run_many(self: _Zygote, jobs: list[dict]) -> list[dict]:
+    "Send several jobs at once (one pipe write) and collect their answers in order."
+    self.proc.stdin.write("".join(json.dumps(job) + "\n" for job in jobs).encode())
+    self.proc.stdin.flush()
+    answers = []
+    for job in jobs:
+        line = self._readline(job["timeout"] + 10.0)
+        if not line:
+            raise RuntimeError(f"no answer from the sandbox worker ({len(answers)} of {len(jobs)} jobs answered)"
+                               + (f": {self.last_words()}" if self.proc.poll() is not None and self.last_words() else ""))
+        answer = json.loads(line)
+        if answer.get("id") != job["id"]:
+            raise RuntimeError(f"the sandbox worker answered job {answer.get('id')} when {job['id']} was due")
+        answers.append(answer)
+    return answers
+
+
+_Zygote.run, _Zygote.run_many = _run_one, _run_many
+
 # %% ../../nbs/evals/00_sandbox.ipynb #890d6a64
 OPENED: list[str] = []  # the isolation mode of every sandbox opened in this process
 
@@ -148,7 +158,7 @@ def isolation_used(since: int = 0) -> str | None:
     modes = sorted(set(OPENED[since:]))
     return ", ".join("process-only (no kernel isolation)" if m == "process-only" else m for m in modes) or None
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #8fe9c8fd
 class Sandbox:
     """A pool of pre-warmed workers, each in its own namespaces, that run programs in limited children.
 
@@ -189,7 +199,7 @@ class Sandbox:
                     self._all.append(zygote)
                 self._idle[kind].put(zygote)
 
-
+# %% ../../nbs/evals/00_sandbox.ipynb #ffd6e3e9
 def _spawn(self: Sandbox, kind: str) -> _Zygote:
     "Start one worker: in its namespaces (refusing one that misses a required layer), or as a plain process."
     if self.mode == "process-only":

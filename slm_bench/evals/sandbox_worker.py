@@ -31,7 +31,7 @@ FRAME_BYTES = 65536  # the most a child's result report may hold; the worker ref
 
 VALUE_CHARS, MESSAGE_CHARS, ITEMS, DEPTH, INT_BITS = 2000, 1000, 100, 8, 4096
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #c318bca8
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #f244bf0b
 def _jsonable(value, depth: int = 0):
     "A JSON-friendly form of a program's return value within the caps (numbers stay numbers; others become their capped repr)."
     import numbers
@@ -58,7 +58,7 @@ def _jsonable(value, depth: int = 0):
     except Exception as error:  # a hostile __repr__
         return f"<unprintable {type(value).__name__}: {type(error).__name__}>"
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #3c958885
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #f4eff019
 def result_frame(result: dict) -> bytes:
     "The child's report as one JSON object of at most `FRAME_BYTES` (a value too big for it becomes its capped repr)."
     try:
@@ -69,7 +69,7 @@ def result_frame(result: dict) -> bytes:
         payload = json.dumps({**result, "value": repr(result["value"])[:VALUE_CHARS]}).encode()
     return payload
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #a23b9563
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #64232a11
 def _within_caps(value, depth: int = 0) -> bool:
     "Whether `value` is something `_jsonable` could have produced."
     if value is None or isinstance(value, (bool, float)):
@@ -99,7 +99,7 @@ def parse_frame(frame: bytes) -> dict:
         raise ValueError("the result report's value is over the caps")
     return result
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #eaff33e1
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #c12a88bd
 RESULT_FD = 3  # the child's only descriptor besides stdin (/dev/null), stdout and stderr (its captured output)
 
 
@@ -122,7 +122,7 @@ def _execute(job: dict) -> dict:
             result["message"] = "<the exception's message could not be printed>"
     return result
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #7495096f
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #d8ac077e
 def _run_child(job: dict, result_fd: int, output_fd: int) -> None:
     "The forked child: its own session and folder, stdin from /dev/null, no other descriptors, a CPU limit; run, report, exit."
     import resource
@@ -148,7 +148,7 @@ def _run_child(job: dict, result_fd: int, output_fd: int) -> None:
     os.write(RESULT_FD, result_frame(result))
     os._exit(0)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #3de8d67e
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #811a7eb8
 def _drain(read_end: int, frame: bytearray) -> None:
     "Add what is waiting in the pipe to `frame`, up to one byte past the cap, without blocking."
     os.set_blocking(read_end, False)
@@ -186,7 +186,7 @@ def _collect(pid: int, read_end: int, deadline: float) -> tuple[bytes, str | Non
     finally:
         os.close(pidfd)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #f5a34826
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #b3193fc9
 def _end_job(pid: int, in_namespace: bool) -> int:
     """Kill the child and everything it started; reap them; the child's wait status.
 
@@ -210,7 +210,7 @@ def _end_job(pid: int, in_namespace: bool) -> int:
             if not in_namespace:
                 return status
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #4df5a1ec
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #a8faf5a3
 def _signal_name(status: int) -> str:
     return signal.Signals(os.WTERMSIG(status)).name
 
@@ -240,7 +240,7 @@ def verdict(job: dict, frame: bytes, stopped: str | None, status: int) -> dict:
     return {"ok": False, "value": None, "error": "Crashed",
             "message": f"exited with status {os.waitstatus_to_exitcode(status)} without a result"}
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #43f7aa50
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #d1939c96
 def wipe(path: str, keep_root: bool = False) -> None:
     "Remove everything under `path` (and `path` itself unless `keep_root`) whatever modes the program left; links are not followed."
     stack, folders = [path], []
@@ -261,7 +261,7 @@ def wipe(path: str, keep_root: bool = False) -> None:
         if folder != path or not keep_root:
             os.rmdir(folder)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #fc4775c1
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #c76ec053
 def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
     "Fork a child for one job, collect its report within the deadline, kill everything it started, clean its files."
     start = time.perf_counter()
@@ -289,7 +289,7 @@ def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
     wipe(scratch, keep_root=True) if in_namespace else wipe(folder)
     return {**verdict(job, frame, stopped, status), "stdout": output, "duration_s": time.perf_counter() - start}
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #7771baec
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #143e95e9
 HOSTNAME = "slm-sandbox"  # the worker's host name in its own uts namespace
 
 
@@ -311,7 +311,7 @@ def _set_limits(settings: dict, in_namespace: bool) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long file fails the write instead of killing the child
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as pid 1, signals left at their default are not delivered from inside
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #186ce6ef
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #91d592d0
 def _capabilities(libc) -> int:
     "This process's effective and permitted capability bits (capget), or -1 if they cannot be read."
     import ctypes
@@ -358,7 +358,7 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
     seen += [name for name in settings.get("unverifiable", []) if in_namespace]  # requested, with no check from inside
     return seen + ["deadline", "stdin /dev/null", "result cap"]
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #5f0a2985
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #ef462734
 def program_environment(folder: str) -> None:
     "The environment every program sees (set in the worker, once, and inherited): a path, a home (its folder), a locale."
     os.environ.clear()
