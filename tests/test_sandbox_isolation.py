@@ -6,15 +6,15 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from sandbox_attacks import ROOT, attacks, run_attacks
-from slm_bench.evals.isolation import REQUIRED, missing_layers
+from slm_bench.evals.isolation import missing_layers
 from slm_bench.evals.sandbox import Sandbox
 from slm_bench.evals.tasks import benchmark_file, get_task
 
@@ -73,7 +73,7 @@ def context(tmp_path, listener):
 
 
 def tempfile_root() -> str:
-    import tempfile
+    "Where pytest makes its temporary folders."
     return os.path.realpath(tempfile.gettempdir()) + "/pytest-of-"
 
 

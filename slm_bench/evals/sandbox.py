@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from .isolation import (OPT_OUT, IsolationUnavailable, bwrap_command, explain_start_failure, find_bwrap,
                         isolation_mode, missing_layers, process_only_command, runtime_view, seccomp_filter,
                         seccomp_supported, worker_settings)
-from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES, PRELOAD
+from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES
 
 # %% auto #0
 __all__ = ['OPENED', 'SandboxResult', 'Program', 'as_program', 'needs_full_worker', 'WorkerDidNotStart', 'isolation_used',

@@ -148,7 +148,7 @@ def _run_child(job: dict, result_fd: int, output_fd: int) -> None:
     os.write(RESULT_FD, result_frame(result))
     os._exit(0)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #811a7eb8
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #275b9fe1
 def _drain(read_end: int, frame: bytearray) -> None:
     "Add what is waiting in the pipe to `frame`, up to one byte past the cap, without blocking."
     os.set_blocking(read_end, False)
@@ -186,7 +186,7 @@ def _collect(pid: int, read_end: int, deadline: float) -> tuple[bytes, str | Non
     finally:
         os.close(pidfd)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #b3193fc9
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #b2e16a15
 def _end_job(pid: int, in_namespace: bool) -> int:
     """Kill the child and everything it started; reap them; the child's wait status.
 
@@ -210,7 +210,7 @@ def _end_job(pid: int, in_namespace: bool) -> int:
             if not in_namespace:
                 return status
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #a8faf5a3
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #703d0cce
 def _signal_name(status: int) -> str:
     return signal.Signals(os.WTERMSIG(status)).name
 
@@ -240,7 +240,7 @@ def verdict(job: dict, frame: bytes, stopped: str | None, status: int) -> dict:
     return {"ok": False, "value": None, "error": "Crashed",
             "message": f"exited with status {os.waitstatus_to_exitcode(status)} without a result"}
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #d1939c96
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #c7ff3956
 def wipe(path: str, keep_root: bool = False) -> None:
     "Remove everything under `path` (and `path` itself unless `keep_root`) whatever modes the program left; links are not followed."
     stack, folders = [path], []
@@ -261,7 +261,7 @@ def wipe(path: str, keep_root: bool = False) -> None:
         if folder != path or not keep_root:
             os.rmdir(folder)
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #c76ec053
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #a1c59232
 def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
     "Fork a child for one job, collect its report within the deadline, kill everything it started, clean its files."
     start = time.perf_counter()
@@ -289,7 +289,7 @@ def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
     wipe(scratch, keep_root=True) if in_namespace else wipe(folder)
     return {**verdict(job, frame, stopped, status), "stdout": output, "duration_s": time.perf_counter() - start}
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #143e95e9
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #b83ad77b
 HOSTNAME = "slm-sandbox"  # the worker's host name in its own uts namespace
 
 
@@ -311,7 +311,7 @@ def _set_limits(settings: dict, in_namespace: bool) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long file fails the write instead of killing the child
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as pid 1, signals left at their default are not delivered from inside
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #91d592d0
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #3d94075f
 def _capabilities(libc) -> int:
     "This process's effective and permitted capability bits (capget), or -1 if they cannot be read."
     import ctypes
@@ -334,7 +334,7 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
     import resource
     import socket
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc, tmp = ctypes.CDLL(None, use_errno=True), os.statvfs("/tmp")
     seen = [] if in_namespace else ["process-only"]
     seen += ["separate process", "fork per program"]
     checks = {
@@ -343,7 +343,7 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
         "no capabilities": _capabilities(libc) == 0,
         "mount namespace": bool(settings.get("host_paths")) and not any(os.path.exists(p) for p in settings["host_paths"]),
         "no /proc": not os.path.exists("/proc/self"),
-        "private /tmp": in_namespace and os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize == settings.get("tmp_bytes"),
+        "private /tmp": in_namespace and tmp.f_blocks * tmp.f_frsize == settings.get("tmp_bytes"),
         "pid namespace": in_namespace,
         "network namespace": [name for _, name in socket.if_nameindex()] == ["lo"],
         "uts namespace": socket.gethostname() == HOSTNAME,
@@ -358,7 +358,7 @@ def observe_layers(settings: dict, in_namespace: bool) -> list[str]:
     seen += [name for name in settings.get("unverifiable", []) if in_namespace]  # requested, with no check from inside
     return seen + ["deadline", "stdin /dev/null", "result cap"]
 
-# %% ../../nbs/evals/00a_sandbox_worker.ipynb #ef462734
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #87385dc5
 def program_environment(folder: str) -> None:
     "The environment every program sees (set in the worker, once, and inherited): a path, a home (its folder), a locale."
     os.environ.clear()
