@@ -7,9 +7,10 @@ import pytest
 
 from slm_bench.methods.chain_world import ChainOracle, ChainSampler, ChainWorld, planted_pivots
 from slm_bench.core.errors import BadInput
-from slm_bench.methods.pts import PTSConfig, Question, SolutionSearch, decide, subdivide, pair_records, pivotal_token_search, scan_every_prefix, trl_records
+from slm_bench.methods.pts import (Estimator, PTSConfig, Question, SolutionSearch, build_pairs, pair_records, pivotal_token_search,
+                                   scan_every_prefix, search_all, subdivide, trl_records)
 from slm_bench.methods.pts_memo import ProbabilityMemo
-from slm_bench.methods.pts_stats import PrefixStats, clopper_pearson
+from slm_bench.methods.pts_stats import PrefixStats, clopper_pearson, compare, direction
 
 SYMBOLS = "ab+-dABCDEF"
 FILLER = {"a": (0.7, 0), "b": (0.3, 0)}
@@ -54,7 +55,7 @@ def test_the_chain_knows_its_probabilities(chain):
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_pts_finds_exactly_the_planted_pivots(chain, adaptive):
     sampler, oracle, questions = chain
-    result = pivotal_token_search(sampler, oracle, questions, _config(adaptive=adaptive, adaptive_step=16))
+    result = pivotal_token_search(sampler, oracle, questions, _config(adaptive=adaptive))
     assert result.counts["all_right"] == 1 and result.counts["all_wrong"] == 1  # D and E: skipped, counted
     assert result.counts["out_of_range"] == 1  # F
     assert {s.question.id for s in result.searches} == {"A", "B", "C"}
@@ -63,23 +64,27 @@ def test_pts_finds_exactly_the_planted_pivots(chain, adaptive):
         planted = planted_pivots(sampler, search.question, search.tokens, 0.2)
         assert [p.position for p in search.pivots] == [i for i, _ in planted], sampler.tokenizer.decode(search.tokens)
         for pivot, (_, exact_delta) in zip(search.pivots, planted):
-            assert pivot.delta == pytest.approx(exact_delta, abs=0.15)
+            if adaptive:  # decided on as few as 16 rollouts: the interval it rested on holds the exact change
+                assert pivot.delta_low <= exact_delta <= pivot.delta_high and abs(pivot.delta_low) >= 0.2
+            else:
+                assert pivot.delta == pytest.approx(exact_delta, abs=0.15)
     assert result.counts["pivots"] >= 6
 
 
 def test_adaptive_estimation_uses_fewer_rollouts_for_the_same_pivots(chain):
     sampler, oracle, questions = chain
-    fixed = pivotal_token_search(sampler, oracle, questions, _config())
-    adaptive = pivotal_token_search(sampler, oracle, questions, _config(adaptive=True, adaptive_step=16))
+    fixed = pivotal_token_search(sampler, oracle, questions, _config(adaptive=False))
+    adaptive = pivotal_token_search(sampler, oracle, questions, _config())
     assert [[p.position for p in s.pivots] for s in fixed.searches] == [[p.position for p in s.pivots] for s in adaptive.searches]
-    assert adaptive.counts["rollouts_sampled"] < fixed.counts["rollouts_sampled"]
+    search_rollouts = lambda r: r.counts["rollouts_sampled"] - r.counts["rollouts_sampled_pairs"]
+    assert search_rollouts(adaptive) < 0.7 * search_rollouts(fixed)  # 6672 against 10544 with seed 0
     assert adaptive.counts["adaptive_decisions_early"] > 0 and fixed.counts["adaptive_decisions_early"] == 0
 
 
 def test_breadth_first_search_equals_the_recursive_subdivide(chain):
     "The paper's recursion, run on the same memoised estimates, gives the same segments (and never needs a new estimate)."
     sampler, oracle, questions = chain
-    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))
+    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64, adaptive=False))
     memo = result.estimator.memo
 
     for search in result.searches:
@@ -96,18 +101,23 @@ def test_breadth_first_search_equals_the_recursive_subdivide(chain):
         for t in subdivide(p, (), tuple(search.tokens), 0.2, split):
             segments.append((start, start + len(t)))
             start += len(t)
-        assert [(i, j) for i, j, _ in search.leaves] == segments
+        assert [(i, j) for i, j, _, _ in search.leaves] == segments
 
 
 def test_pairs_follow_phi4(chain):
+    "Accepted raises p(success | prefix), rejected lowers it — in the chain's exact p, and in the fresh estimates the pair records."
     sampler, oracle, questions = chain
     result = pivotal_token_search(sampler, oracle, questions, _config())
     assert result.pairs and result.counts["pairs"] + result.counts["pivots_without_pair"] == result.counts["pivots"]
+    assert result.counts["pivots_without_pair"] == result.counts["pivots_not_confirmed"] + result.counts["pivots_without_alternative"]
+    assert result.counts["rollouts_sampled_pairs"] == result.fresh.rollouts_sampled > 0
     searches = {(s.question.id, tuple(s.question.prompt_ids + s.tokens[:p.position])): (s, p) for s in result.searches for p in s.pivots}
     for pair in result.pairs:
         search, pivot = searches[(pair.question_id, tuple(pair.prompt_ids))]
         assert pair.prompt_ids == search.question.prompt_ids + search.tokens[:pivot.position]  # Q + prefix, as ids
-        assert pair.p_chosen - pair.p_rejected >= 0.2
+        fresh = lambda extra: result.fresh.stats(search.question, search.tokens[:pivot.position] + extra).p
+        assert (pair.p_chosen, pair.p_prefix, pair.p_rejected) == (fresh([pair.chosen]), fresh([]), fresh([pair.rejected]))
+        assert pair.p_chosen > pair.p_prefix > pair.p_rejected
         if pivot.delta > 0:
             assert pair.chosen == pivot.token and pair.pivot_is == "chosen"
         else:
@@ -115,11 +125,37 @@ def test_pairs_follow_phi4(chain):
         alternative = pair.rejected if pair.pivot_is == "chosen" else pair.chosen
         assert alternative in result.estimator.stats(search.question, search.tokens[:pivot.position]).next_tokens  # drawn in its rollouts
         world = WORLDS[pair.question_id]
-        exact = lambda token: world.p(sampler.tokenizer, pair.prompt_ids[2:] + [token])
-        assert exact(pair.chosen) - exact(pair.rejected) >= 0.2
+        exact = lambda tokens: world.p(sampler.tokenizer, pair.prompt_ids[2:] + tokens)
+        assert exact([pair.chosen]) > exact([]) > exact([pair.rejected])
     records = pair_records(result.pairs, sampler.tokenizer)
     assert records[0]["chosen_ids"] == [result.pairs[0].chosen] and records[0]["chosen_text"] in SYMBOLS
     assert set(trl_records(records)[0]) == {"prompt", "chosen", "rejected"}
+
+
+def test_an_alternative_that_also_raises_p_is_never_rejected():
+    """The old rule's failure: pivot '+' raises p 0.445 -> 0.9; 'A', the most frequent alternative, raises it too (0.6), yet
+    0.9 - 0.6 >= p_gap made it "rejected". The paper's rule needs a rejected token that lowers p: 'd' (0.1)."""
+    symbols = "a+AdBCDEQ"
+    flat = {"a": (1.0, 0)}
+    world = ChainWorld([flat, flat, {"+": (0.15, 2), "A": (0.45, 1), "d": (0.4, 0)}, flat, flat, flat,
+                        {"B": (0.1, 3), "C": (0.5, 2), "D": (0.3, 1), "E": (0.1, 0)}, flat], threshold=3)
+    sampler = ChainSampler({"Q": world}, symbols)
+    tok, ids = sampler.tokenizer, lambda text: [symbols.index(c) + 2 for c in text]
+    assert [round(world.p(tok, ids("aa" + c)), 3) for c in "+Ad"] + [round(world.p(tok, ids("aa")), 3)] == [0.9, 0.6, 0.1, 0.445]
+    question = Question("Q", [1, symbols.index("Q") + 2])
+    config = PTSConfig(max_new_tokens=12, alternatives=3)
+    t_full = ids("aa+aaaCa") + [0]
+    search = SolutionSearch(question, t_full, [0.0] * len(t_full), True)
+    estimator, fresh = Estimator(sampler, ChainOracle(sampler), config), Estimator(sampler, ChainOracle(sampler), config.fresh())
+    estimator.set_exact([(question, t_full)])
+    search_all([search], estimator, config)
+    assert [p.position for p in search.pivots] == [2]  # '+' (0.445 -> 0.9); 'C' then moves p by 0.1 only
+    seen = estimator.stats(question, t_full[:2]).next_tokens
+    assert max(seen, key=lambda t: seen[t][0]) == ids("A")[0]  # 'A' is the most frequent alternative
+    pairs, unpaired = build_pairs([search], estimator, config, fresh)
+    at_two = next(p for p in pairs if p.position == 2)
+    assert (tok.decode([at_two.chosen]), tok.decode([at_two.rejected])) == ("+", "d")
+    assert unpaired == {"pivots_not_confirmed": 0, "pivots_without_alternative": 0}
 
 
 def test_split_points():
@@ -137,39 +173,44 @@ def test_clopper_pearson_and_the_decision_rule():
     assert clopper_pearson(0, 20, 0.1) == (0.0, pytest.approx(1 - 0.05 ** (1 / 20)))
     lo, hi = clopper_pearson(3, 10, 0.05)
     assert lo == pytest.approx(0.066739, abs=1e-5) and hi == pytest.approx(0.652453, abs=1e-5)  # textbook values
-    config = PTSConfig(adaptive=True, rollouts=64, adaptive_step=8, delta=0.05)
-    assert decide(PrefixStats(8, 8), PrefixStats(8, 0), config, final=False) == "open"  # 8 vs 8 cannot settle it yet
-    assert decide(PrefixStats(32, 32), PrefixStats(32, 0), config, final=False) == "above"
-    assert decide(PrefixStats(64, 32), PrefixStats(64, 33), config, final=False) == "open"
-    assert decide(PrefixStats(64, 32), PrefixStats(64, 33), config, final=True) == "below"
-    assert decide(PrefixStats(1, 1, exact=True), PrefixStats(1, 1, exact=True), config, final=False) == "below"
-    fixed = PTSConfig(rollouts=16)
-    assert decide(PrefixStats(16, 8), PrefixStats(16, 12), fixed, final=False) == "above"  # 0.25 >= 0.2 on the point estimates
-    assert decide(PrefixStats(16, 8), PrefixStats(16, 11), fixed, final=False) == "below"
+    level = PTSConfig().level()  # delta 0.05 over the looks 16, 32, 64, 128, 256
+    assert level == pytest.approx(0.01)
+    assert compare(PrefixStats(6, 6), PrefixStats(6, 0), 0.2, level) == "open"  # 6 vs 6 cannot settle it yet
+    assert compare(PrefixStats(32, 32), PrefixStats(32, 0), 0.2, level) == "above"
+    assert compare(PrefixStats(64, 32), PrefixStats(64, 33), 0.2, level) == "open"
+    assert compare(PrefixStats(256, 128), PrefixStats(256, 131), 0.2, level) == "below"
+    assert compare(PrefixStats(1, 1, exact=True), PrefixStats(1, 1, exact=True), 0.2, level) == "below"
+    assert compare(PrefixStats(16, 8), PrefixStats(16, 12), 0.2) == "above"  # 0.25 >= 0.2 on the point estimates
+    assert compare(PrefixStats(16, 8), PrefixStats(16, 11), 0.2) == "below"
+    assert direction(PrefixStats(64, 32), PrefixStats(64, 50), level) == "up"
+    assert direction(PrefixStats(64, 32), PrefixStats(64, 36), level) == "open"
 
 
 def test_adaptive_error_rate_is_at_most_delta():
-    "Brute force on the bound: simulated comparisons, many near the p_gap edge; early decisions are wrong at most δ of the time."
+    "Brute force on the test: simulated comparisons, many near the p_gap edge, run through the looks; decisions are wrong at most δ of the time."
     import random
 
     rng = random.Random(0)
-    config = PTSConfig(adaptive=True, rollouts=256, adaptive_step=16, delta=0.1)
-    wrong = early = 0
-    for trial in range(200):
-        pa = rng.choice([0.0, 0.03, 0.1, 0.9, 0.97, 1.0])
+    config = PTSConfig(delta=0.1)
+    wrong = decided = undecided = 0
+    for trial in range(300):
+        pa = rng.choice([0.0, 0.03, 0.1, 0.5, 0.9, 0.97, 1.0])
         pb = min(1.0, max(0.0, pa + rng.choice([-1, 1]) * rng.choice([0.0, 0.05, 0.15, 0.25, 0.35, 0.8])))
         a, b = PrefixStats(), PrefixStats()
-        while True:
-            for stats, p in ((a, pa), (b, pb)):
-                for _ in range(16):
-                    stats.add([], rng.random() < p, True, 0)
-            decision = decide(a, b, config, final=a.trials >= 256)
+        for _ in range(config.rollouts):
+            a.add([5], rng.random() < pa, True, 0)
+            b.add([5], rng.random() < pb, True, 0)
+        decision = "open"
+        for n in config.looks():
+            decision = compare(a.first(n), b.first(n), config.p_gap, config.level())
             if decision != "open":
                 break
-        if a.trials < 256:
-            early += 1
-            wrong += decision != ("above" if abs(pb - pa) >= 0.2 else "below")
-    assert early > 60 and wrong / early <= 0.1, (early, wrong)
+        if decision == "open":
+            undecided += 1
+            continue
+        decided += 1
+        wrong += decision != ("above" if abs(pb - pa) >= 0.2 else "below")
+    assert decided > 200 and wrong / decided <= 0.1, (decided, wrong, undecided)
 
 
 def test_memo_is_reused_and_corruption_is_detected(chain, tmp_path):
@@ -177,10 +218,14 @@ def test_memo_is_reused_and_corruption_is_detected(chain, tmp_path):
     config = _config(rollouts=32)
     path = tmp_path / "memo.jsonl"
     fingerprint = {"model": "chain", **config.estimate_fingerprint(), "oracle": oracle.name}
-    first = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint))
-    assert first.counts["rollouts_sampled"] > 0
-    again = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint))
-    assert again.counts["rollouts_sampled"] == 0  # every estimate came from the memo
+    fresh_path, fresh_fingerprint = tmp_path / "fresh.jsonl", {**fingerprint, **config.fresh().estimate_fingerprint()}
+    first = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint),
+                                 fresh_memo=ProbabilityMemo(fresh_path, fresh_fingerprint))
+    assert first.counts["rollouts_sampled"] > first.counts["rollouts_sampled_pairs"] > 0
+    again = pivotal_token_search(sampler, oracle, questions, config, memo=ProbabilityMemo(path, fingerprint),
+                                 fresh_memo=ProbabilityMemo(fresh_path, fresh_fingerprint))
+    assert again.counts["rollouts_sampled"] == 0  # every estimate, the pairs' too, came from the memos
+    assert [(p.chosen, p.rejected, p.p_chosen) for p in again.pairs] == [(p.chosen, p.rejected, p.p_chosen) for p in first.pairs]
     assert [[p.position for p in s.pivots] for s in again.searches] == [[p.position for p in s.pivots] for s in first.searches]
 
     lines = path.read_text().splitlines()
@@ -192,7 +237,7 @@ def test_memo_is_reused_and_corruption_is_detected(chain, tmp_path):
         memo = ProbabilityMemo(path, fingerprint)
     assert memo.entries == {} and (tmp_path / "memo.jsonl.corrupt").exists()
     rebuilt = pivotal_token_search(sampler, oracle, questions, config, memo=memo)
-    assert rebuilt.counts["rollouts_sampled"] == first.counts["rollouts_sampled"]
+    assert rebuilt.counts["rollouts_sampled"] - rebuilt.counts["rollouts_sampled_pairs"] == first.counts["rollouts_sampled"] - first.counts["rollouts_sampled_pairs"]
     assert [[p.position for p in s.pivots] for s in rebuilt.searches] == [[p.position for p in s.pivots] for s in first.searches]
 
     path.write_text(path.read_text()[:-40])  # a torn last line
@@ -244,7 +289,7 @@ def test_on_a_tiny_model_every_reported_pivot_is_pivotal_in_a_brute_force_scan(t
     tok = sampler.tokenizer
     oracle = ApplesOracle(tok)
     questions = [Question(str(a), tok(f"Tom has {a} apples and buys")["input_ids"]) for a in range(8, 22)]
-    config = PTSConfig(rollouts=48, max_new_tokens=24)
+    config = PTSConfig(rollouts=48, max_new_tokens=24, adaptive=False)  # the paper's plain rule, so a plain scan can repeat it
     result = pivotal_token_search(sampler, oracle, questions, config)
     assert len(result.searches) >= 5 and result.counts["pivots"] >= 5
     # the same rollouts, drawn prefix by prefix: the batched, memoised search agrees with a plain scan exactly
@@ -280,7 +325,7 @@ def test_probability_curve_widget_and_figure(chain):
     from slm_bench.methods.pts_view import PTSCurveWidget, curve_points, curves_figure, rollouts_html, search_records
 
     sampler, oracle, questions = chain
-    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64))
+    result = pivotal_token_search(sampler, oracle, questions, _config(rollouts=64, adaptive=False))
     records = _json.loads(_json.dumps(search_records(result, sampler.tokenizer)))
     assert len(records) == len(result.searches)
     with_pivot = next(i for i, r in enumerate(records) if r["pivots"])
@@ -296,6 +341,8 @@ def test_probability_curve_widget_and_figure(chain):
     assert f"prefix of {pivot['position']} tokens" in widget.rollouts.value
     widget.point.value = pivot["position"] + 1
     assert f"p = {pivot['p_after']:.2f}" in widget.rollouts.value
-    assert "✓" in rollouts_html(record, 0) or "✗" in rollouts_html(record, 0)
+    kept = result.estimator.stats(search.question, []).rollouts
+    html = rollouts_html(record, 0)
+    assert (html.count("✓"), html.count("✗")) == (sum(ok for _, ok, _ in kept), sum(not ok for _, ok, _ in kept))
     figure = curves_figure(records, limit=2)
     assert len(figure.axes) == 2 and "pivotal token" in figure.axes[0].get_title()

@@ -13,12 +13,12 @@ from typing import Callable, Protocol, Sequence
 from ..core.errors import BadInput
 from ..infer.sampling import SamplingParams
 from .pts_memo import ProbabilityMemo
-from .pts_stats import PrefixStats, compare
+from .pts_stats import PrefixStats, compare, difference_interval, direction
 
 # %% auto #0
-__all__ = ['subdivide', 'pivotal_tokens', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'decide', 'Estimator', 'Pivot',
-           'SolutionSearch', 'search_all', 'PivotPair', 'build_pairs', 'PTSResult', 'pivotal_token_search',
-           'PrefixScan', 'scan_every_prefix', 'pair_records', 'trl_records']
+__all__ = ['FRESH_SEED_OFFSET', 'subdivide', 'pivotal_tokens', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'Estimator',
+           'Pivot', 'SolutionSearch', 'settle', 'search_all', 'PivotPair', 'build_pairs', 'PTSResult',
+           'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records', 'trl_records']
 
 # %% ../../nbs/methods/04_pts.ipynb #48025824
 def subdivide(p: Callable, t_prefix: tuple, t: tuple, p_gap: float, split: Callable) -> list[tuple]:
@@ -39,23 +39,27 @@ def pivotal_tokens(p: Callable, t_full: Sequence[int], p_gap: float, split: Call
     return found
 
 # %% ../../nbs/methods/04_pts.ipynb #4c069e1d
+FRESH_SEED_OFFSET = 7919  # pairs are decided on rollouts sampled under seed + this: independent of the search's (ours)
+
+
 @dataclass
 class PTSConfig:
-    "Everything that shapes a search (the first six decide which tokens are found)."
+    "Everything that shapes a search (the fields above `temperature` decide which tokens are found)."
     p_gap: float = 0.2  # EN L207 (KR gives no value)
-    rollouts: int = 16  # N per prefix (adaptive: the most per prefix)
+    rollouts: int = 256  # adaptive: the cap per prefix (ours); fixed: N per prefix
     question_range: tuple[float, float] = (0.2, 0.8)  # p(success | Q) of the questions searched
     split: str = "logprob"  # "logprob": cumulative log-prob midpoint (EN L212); "index": the middle token
-    adaptive: bool = False  # stop sampling a prefix once the comparison is decided (see above)
-    delta: float = 0.05  # adaptive: error rate of each early decision
-    adaptive_step: int = 4  # adaptive: rollouts added per look
+    adaptive: bool = True  # the sequential test (ours): each decision wrong with probability <= delta; False: N rollouts, point estimates
+    delta: float = 0.05  # adaptive: error rate of each decision (ours)
+    first_look: int = 16  # adaptive: rollouts at the first look; each later look doubles them, up to `rollouts` (ours)
+    screen_rollouts: int = 16  # rollouts from the bare question that screen it against question_range (ours)
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 160  # per rollout
     stop: tuple[str, ...] = ()
     seed: int = 0
     solutions_per_question: int = 1  # T_full candidates searched per question (the first finished rollouts)
-    alternatives: int = 4  # candidates tried for the other side of a pair
+    alternatives: int = 4  # candidates tried for the other side of a pair (0: no pairs)
     keep_rollouts: int = 8  # rollouts kept per prefix for display
 
     def __post_init__(self):
@@ -63,12 +67,30 @@ class PTSConfig:
         self.stop = tuple(self.stop)
         if not 0 < self.p_gap <= 1 or not 0 <= lo <= hi <= 1:
             raise BadInput(f"p_gap must be in (0, 1] and question_range a (low, high) inside [0, 1]; got {self.p_gap}, {self.question_range}")
-        if self.rollouts < 1 or self.adaptive_step < 1 or not 0 < self.delta < 1 or self.solutions_per_question < 1 or self.alternatives < 0:
-            raise BadInput("rollouts, adaptive_step and solutions_per_question must be >= 1, alternatives >= 0 and delta in (0, 1)")
+        if min(self.rollouts, self.first_look, self.screen_rollouts, self.solutions_per_question) < 1 or not 0 < self.delta < 1 or self.alternatives < 0:
+            raise BadInput("rollouts, first_look, screen_rollouts and solutions_per_question must be >= 1, alternatives >= 0 and delta in (0, 1)")
         if self.keep_rollouts < self.solutions_per_question:
             raise BadInput(f"keep_rollouts ({self.keep_rollouts}) must be at least solutions_per_question ({self.solutions_per_question}): T_full is a kept rollout")
         if self.split not in ("logprob", "index"):
             raise BadInput(f"split must be 'logprob' or 'index', got {self.split!r}")
+
+    def looks(self) -> list[int]:
+        "The rollout counts at which a comparison is examined: first_look, doubling, up to the cap (the fixed search: N alone)."
+        if not self.adaptive:
+            return [self.rollouts]
+        n, schedule = min(self.first_look, self.rollouts), []
+        while n < self.rollouts:
+            schedule.append(n)
+            n *= 2
+        return schedule + [self.rollouts]
+
+    def level(self) -> float | None:
+        "The error rate of each look's interval: delta shared over the looks (union bound); None for point estimates."
+        return self.delta / len(self.looks()) if self.adaptive else None
+
+    def fresh(self) -> "PTSConfig":
+        "The same settings under another seed: rollouts independent of this search's, for deciding pairs."
+        return replace(self, seed=self.seed + FRESH_SEED_OFFSET)
 
     def sampling(self, n: int, first_sample: int) -> SamplingParams:
         "Rollout sampling parameters for samples first_sample .. first_sample + n - 1 of a prefix."
@@ -112,14 +134,6 @@ class TaskOracle:
         kwargs = {"sandbox": self.sandbox} if self.sandbox is not None else {}
         return [j.correct for j in self.task.judge_many([q.payload for q, _ in items], texts, **kwargs)]
 
-# %% ../../nbs/methods/04_pts.ipynb #3e936b4c
-def decide(a: PrefixStats, b: PrefixStats, config: PTSConfig, final: bool) -> str:
-    "'above' / 'below' p_gap for |p(b) - p(a)|, or 'open' when the adaptive bound cannot tell yet (never when `final`)."
-    if not config.adaptive or final:
-        return compare(a, b, config.p_gap)
-    looks = math.ceil(config.rollouts / config.adaptive_step)
-    return compare(a, b, config.p_gap, alpha=config.delta / (2 * looks))
-
 # %% ../../nbs/methods/04_pts.ipynb #42b66bf3
 class Estimator:
     "Batched Monte-Carlo estimates of p(success | Q + prefix), memoised."
@@ -129,7 +143,7 @@ class Estimator:
         self.memo = memo if memo is not None else ProbabilityMemo(None, {})
         self.judged: dict[tuple[str, tuple[int, ...]], bool] = {}
         self.consulted: set[tuple[str, tuple[int, ...]]] = set()  # prefixes whose estimates were asked for
-        self.decisions = {"early": 0, "at_cap": 0}  # adaptive: decided by the bound before the cap / by the point estimate at it
+        self.decisions = {"early": 0, "at_cap": 0, "undecided": 0}  # adaptive: decided before the last look / at it / still open there
         self.rollouts_sampled = self.sampler_calls = self.programs_judged = 0
 
     @property
@@ -212,6 +226,8 @@ class Pivot:
     token_prob: float  # the token's own probability under the model
     rollouts_before: int
     rollouts_after: int
+    delta_low: float = float("nan")  # the interval for p_after - p_before its decision rested on (adaptive)
+    delta_high: float = float("nan")
 
     @property
     def delta(self) -> float:
@@ -254,36 +270,34 @@ class SolutionSearch:
                 points.append((i, stats.p, stats.trials))
         return points
 
-# %% ../../nbs/methods/04_pts.ipynb #aaf13b7a
-def _resolve(searches_segments, estimator: Estimator, config: PTSConfig) -> list[str]:
-    "Decide every (search, i, j) comparison together: sample what is missing in batched rounds."
-    def endpoints(s, i, j):
-        return (s.question, s.prefix(i)), (s.question, s.prefix(j))
+# %% ../../nbs/methods/04_pts.ipynb #e4cfd51a
+def _pivot(s: SolutionSearch, i: int, n: int, estimator: Estimator, config: PTSConfig) -> Pivot:
+    "The pivot at position i, with the estimates (first n rollouts) and difference interval its decision was taken on."
+    before, after = estimator.stats(s.question, s.prefix(i)).first(n), estimator.stats(s.question, s.prefix(i + 1)).first(n)
+    low, high = difference_interval(before, after, config.level()) if config.adaptive else (float("nan"), float("nan"))
+    return Pivot(s.question.id, i, s.tokens[i], before.p, after.p, math.exp(s.logprobs[i]), before.trials, after.trials, low, high)
 
-    first = config.adaptive_step if config.adaptive else config.rollouts
-    estimator.ensure([(q, p, first) for s, i, j in searches_segments for q, p in endpoints(s, i, j)])
-    decisions = ["open"] * len(searches_segments)
-    while True:
-        pending = []
-        for n, (s, i, j) in enumerate(searches_segments):
-            if decisions[n] != "open":
-                continue
-            (qa, pa), (qb, pb) = endpoints(s, i, j)
-            a, b = estimator.stats(qa, pa), estimator.stats(qb, pb)
-            exhausted = all(x.exact or x.trials >= config.rollouts for x in (a, b))
-            decisions[n] = decide(a, b, config, final=False)
-            at_cap = decisions[n] == "open" and exhausted
-            if at_cap:  # the bound could not settle it with every rollout drawn: the point estimate decides
-                decisions[n] = decide(a, b, config, final=True)
-            if config.adaptive and decisions[n] != "open":
-                estimator.decisions["at_cap" if at_cap else "early"] += 1
-            if decisions[n] == "open":
-                for (q, p), x in ((qa, pa), a), ((qb, pb), b):
-                    if not x.exact and x.trials < config.rollouts:
-                        pending.append((q, p, x.trials + min(config.adaptive_step, config.rollouts - x.trials)))
-        if not pending:
-            return decisions
-        estimator.ensure(pending)
+# %% ../../nbs/methods/04_pts.ipynb #aaf13b7a
+def settle(comparisons: list, estimator: Estimator, config: PTSConfig, rule: Callable) -> list[tuple[str, int]]:
+    """Decide every comparison ((question, prefix a), (question, prefix b)) by `rule(stats a, stats b, level)`, look by look:
+    both prefixes are sampled up to the look's count (batched across comparisons) and judged on exactly their first n rollouts.
+    Returns (decision, n) per comparison; a comparison still 'open' at the last look is 'undecided'."""
+    schedule, level = config.looks(), config.level()
+    settled: list = [("open", 0)] * len(comparisons)
+    for look, n in enumerate(schedule):
+        todo = [k for k, (d, _) in enumerate(settled) if d == "open"]
+        if not todo:
+            break
+        estimator.ensure([(q, p, n) for k in todo for q, p in comparisons[k]])
+        for k in todo:
+            (qa, pa), (qb, pb) = comparisons[k]
+            decision = rule(estimator.stats(qa, pa).first(n), estimator.stats(qb, pb).first(n), level)
+            settled[k] = (decision, n)
+            if decision != "open" and config.adaptive:
+                estimator.decisions["early" if look < len(schedule) - 1 else "at_cap"] += 1
+    still = sum(d == "open" for d, _ in settled)
+    estimator.decisions["undecided"] += still
+    return [("undecided" if d == "open" else d, n) for d, n in settled]
 
 
 def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTSConfig, progress: bool = False) -> None:
@@ -291,15 +305,16 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
     from tqdm.auto import tqdm
 
     frontier = [(s, 0, len(s.tokens)) for s in searches]
+    rule = lambda a, b, level: compare(a, b, config.p_gap, level)
     bar = tqdm(desc="PTS subdivide", unit="depth", disable=not progress)
     while frontier:
-        decisions = _resolve(frontier, estimator, config)
+        settled = settle([((s.question, s.prefix(i)), (s.question, s.prefix(j))) for s, i, j in frontier], estimator, config, rule)
         following = []
-        for (s, i, j), decision in zip(frontier, decisions):
+        for (s, i, j), (decision, n) in zip(frontier, settled):
             s.comparisons += 1
             if j - i == 1 or decision == "below":
-                s.leaves.append((i, j, decision))
-            else:
+                s.leaves.append((i, j, decision, n))
+            else:  # above, or undecided over several tokens (ours: it may hold a pivot)
                 m = s.split_point(i, j, config.split)
                 following += [(s, i, m), (s, m, j)]
         frontier = following
@@ -308,16 +323,12 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
     bar.close()
     for s in searches:
         s.leaves.sort()
-        s.pivots = []
-        for i, j, decision in s.leaves:
-            if j - i == 1 and decision == "above":
-                before, after = estimator.stats(s.question, s.prefix(i)), estimator.stats(s.question, s.prefix(j))
-                s.pivots.append(Pivot(s.question.id, i, s.tokens[i], before.p, after.p, math.exp(s.logprobs[i]), before.trials, after.trials))
+        s.pivots = [_pivot(s, i, n, estimator, config) for i, j, decision, n in s.leaves if j - i == 1 and decision == "above"]
 
 # %% ../../nbs/methods/04_pts.ipynb #2ed55cfd
 @dataclass
 class PivotPair:
-    "A single-token DPO pair sharing the prompt Q + prefix."
+    "A single-token DPO pair sharing the prompt Q + prefix; the probabilities are fresh estimates."
     question_id: str
     prompt_ids: list[int]  # Q + T_full[:position]
     chosen: int
@@ -329,34 +340,50 @@ class PivotPair:
     position: int
 
 
-def build_pairs(searches: list[SolutionSearch], estimator: Estimator, config: PTSConfig) -> tuple[list[PivotPair], int]:
-    "One pair per pivot where an alternative token qualifies; returns the pairs and how many pivots got none."
+def _candidates(seen: dict, pivot: Pivot, limit: int) -> list[int]:
+    "Other first tokens drawn at the pivot's prefix, those likeliest to move p the other way first, then the most frequent."
+    sign = 1 if pivot.delta > 0 else -1  # a raising pivot wants an alternative whose rollouts failed
+    return sorted((t for t in seen if t != pivot.token), key=lambda t: (sign * seen[t][1] / seen[t][0], -seen[t][0], t))[:limit]
+
+
+def _pair(s: SolutionSearch, pivot: Pivot, alternative: int, fresh: Estimator) -> PivotPair:
+    "The pair, with the fresh estimates of p at the prefix and after each of its two tokens."
+    prefix = s.prefix(pivot.position)
+    p = lambda extra: fresh.stats(s.question, prefix + extra).p
+    prompt = list(s.question.prompt_ids) + list(prefix)
+    if pivot.delta > 0:
+        return PivotPair(s.question.id, prompt, pivot.token, alternative, p((pivot.token,)), p((alternative,)), p(()), "chosen", pivot.position)
+    return PivotPair(s.question.id, prompt, alternative, pivot.token, p((alternative,)), p((pivot.token,)), p(()), "rejected", pivot.position)
+
+# %% ../../nbs/methods/04_pts.ipynb #c1eba0b7
+def build_pairs(searches: list[SolutionSearch], estimator: Estimator, config: PTSConfig, fresh: Estimator) -> tuple[list[PivotPair], dict]:
+    "One pair per pivot whose direction fresh rollouts confirm and whose alternative they show moving p the other way."
+    found = [(s, p) for s in searches for p in s.pivots]
+    counts = {"pivots_not_confirmed": 0, "pivots_without_alternative": 0}
+    if config.alternatives == 0:
+        counts["pivots_without_alternative"] = len(found)
+        return [], counts
+    ends = lambda s, p, token: ((s.question, s.prefix(p.position)), (s.question, s.prefix(p.position) + (token,)))
+    way = lambda p, again: ("up" if (p.delta > 0) == again else "down")
     waiting = []
-    for s in searches:
-        for pivot in s.pivots:
-            seen = estimator.stats(s.question, s.prefix(pivot.position)).next_tokens
-            candidates = sorted((t for t in seen if t != pivot.token), key=lambda t: (-seen[t][0], t))[:config.alternatives]
-            waiting.append((s, pivot, candidates))
-    pairs, failed = [], 0
+    for (s, p), (decision, _) in zip(found, settle([ends(s, p, p.token) for s, p in found], fresh, config, direction)):
+        if decision != way(p, again=True):
+            counts["pivots_not_confirmed"] += 1
+            continue
+        seen = estimator.stats(s.question, s.prefix(p.position)).first(p.rollouts_before).next_tokens
+        waiting.append((s, p, _candidates(seen, p, config.alternatives)))
+    pairs = []
     for rank in range(config.alternatives):
-        asks = [(s.question, s.prefix(p.position) + (c[rank],), config.rollouts) for s, p, c in waiting if rank < len(c)]
-        estimator.ensure(asks)
-        still = []
-        for s, pivot, candidates in waiting:
-            if rank >= len(candidates):
-                failed += 1
-                continue
-            alt = candidates[rank]
-            p_alt = estimator.stats(s.question, s.prefix(pivot.position) + (alt,)).p
-            prompt = list(s.question.prompt_ids) + list(s.prefix(pivot.position))
-            if pivot.delta > 0 and pivot.p_after - p_alt >= config.p_gap - 1e-12:
-                pairs.append(PivotPair(s.question.id, prompt, pivot.token, alt, pivot.p_after, p_alt, pivot.p_before, "chosen", pivot.position))
-            elif pivot.delta < 0 and p_alt - pivot.p_after >= config.p_gap - 1e-12:
-                pairs.append(PivotPair(s.question.id, prompt, alt, pivot.token, p_alt, pivot.p_after, pivot.p_before, "rejected", pivot.position))
+        trying = [(s, p, c) for s, p, c in waiting if rank < len(c)]
+        counts["pivots_without_alternative"] += len(waiting) - len(trying)
+        waiting = []
+        for (s, p, c), (decision, _) in zip(trying, settle([ends(s, p, c[rank]) for s, p, c in trying], fresh, config, direction)):
+            if decision == way(p, again=False):
+                pairs.append(_pair(s, p, c[rank], fresh))
             else:
-                still.append((s, pivot, candidates))
-        waiting = still
-    return pairs, failed + len(waiting)
+                waiting.append((s, p, c))
+    counts["pivots_without_alternative"] += len(waiting)
+    return pairs, counts
 
 # %% ../../nbs/methods/04_pts.ipynb #4f0a7479
 @dataclass
@@ -366,29 +393,22 @@ class PTSResult:
     searches: list
     pairs: list
     counts: dict
-    screened: dict  # question id -> p(success | Q)
+    screened: dict  # question id -> p(success | Q) from the screening rollouts
     estimator: Estimator
+    fresh: Estimator | None = None  # the independent rollouts the pairs were decided on
 
     @property
     def pivots(self) -> list[Pivot]:
         return [p for s in self.searches for p in s.pivots]
 
 # %% ../../nbs/methods/04_pts.ipynb #f6fdd32b
-def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question], config: PTSConfig | None = None,
-                         memo: ProbabilityMemo | None = None, progress: bool = False) -> PTSResult:
-    "Screen `questions`, run Subdivide on sampled solutions of those in range, and build single-token DPO pairs."
-    config = config or PTSConfig()
-    started = time.perf_counter()
-    ids = [q.id for q in questions]
-    if len(set(ids)) != len(ids):
-        raise BadInput("question ids must be unique (the memo is keyed on them)")
-    estimator = Estimator(sampler, oracle, config, memo)
-    estimator.ensure([(q, (), config.rollouts) for q in questions])
-    counts = {"questions": len(questions), "all_wrong": 0, "all_right": 0, "out_of_range": 0, "too_long": 0, "unfinished": 0}
+def _screen(questions: Sequence[Question], estimator: Estimator, config: PTSConfig, max_context: int, counts: dict) -> tuple[dict, list]:
+    "p(success | Q) of each question from its first screen_rollouts rollouts; the solutions to search of those in range."
+    estimator.ensure([(q, (), config.screen_rollouts) for q in questions])
     screened, searches = {}, []
     lo, hi = config.question_range
     for q in questions:
-        stats = estimator.stats(q, ())
+        stats = estimator.stats(q, ()).first(config.screen_rollouts)
         screened[q.id] = stats.p
         if stats.successes == 0 or stats.successes == stats.trials:
             counts["all_wrong" if stats.successes == 0 else "all_right"] += 1
@@ -400,26 +420,45 @@ def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question],
         for tokens, correct, finished in stats.rollouts:
             if not finished:
                 counts["unfinished"] += 1
-            elif len(q.prompt_ids) + len(tokens) >= sampler.max_context:
+            elif len(q.prompt_ids) + len(tokens) >= max_context:
                 counts["too_long"] += 1
             elif tokens not in [c[0] for c in chosen]:
                 chosen.append((tokens, correct))
             if len(chosen) == config.solutions_per_question:
                 break
         searches += [SolutionSearch(q, tokens, [], correct) for tokens, correct in chosen]
+    return screened, searches
+
+# %% ../../nbs/methods/04_pts.ipynb #e8083019
+def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question], config: PTSConfig | None = None,
+                         memo: ProbabilityMemo | None = None, progress: bool = False, fresh_memo: ProbabilityMemo | None = None) -> PTSResult:
+    "Screen `questions`, run Subdivide on sampled solutions of those in range, and build single-token DPO pairs on fresh rollouts."
+    config = config or PTSConfig()
+    started = time.perf_counter()
+    ids = [q.id for q in questions]
+    if len(set(ids)) != len(ids):
+        raise BadInput("question ids must be unique (the memo is keyed on them)")
+    estimator = Estimator(sampler, oracle, config, memo)
+    fresh = Estimator(sampler, oracle, config.fresh(), fresh_memo)
+    fresh.judged = estimator.judged  # one oracle cache: a program is executed once
+    counts = {"questions": len(questions), "all_wrong": 0, "all_right": 0, "out_of_range": 0, "too_long": 0, "unfinished": 0}
+    screened, searches = _screen(questions, estimator, config, sampler.max_context, counts)
     if searches:
         scored = sampler.score([s.question.prompt_ids for s in searches], [s.tokens for s in searches])
         for s, logprobs in zip(searches, scored):
             s.logprobs = list(logprobs)
         estimator.set_exact([(s.question, list(s.tokens)) for s in searches])
         search_all(searches, estimator, config, progress)
-    pairs, unpaired = build_pairs(searches, estimator, config)
+    search_rollouts = estimator.rollouts_sampled
+    pairs, unpaired = build_pairs(searches, estimator, config, fresh)
     counts.update(searched_questions=len({s.question.id for s in searches}), solutions=len(searches),
-                  pivots=sum(len(s.pivots) for s in searches), pairs=len(pairs), pivots_without_pair=unpaired,
-                  rollouts_sampled=estimator.rollouts_sampled, rollouts_used=estimator.rollouts_used, sampler_calls=estimator.sampler_calls,
-                  programs_judged=estimator.programs_judged, adaptive_decisions_early=estimator.decisions["early"],
+                  pivots=sum(len(s.pivots) for s in searches), undecided_tokens=sum(1 for s in searches for i, j, d, _ in s.leaves if d == "undecided"),
+                  pairs=len(pairs), pivots_without_pair=sum(unpaired.values()), **unpaired,
+                  rollouts_sampled=search_rollouts + fresh.rollouts_sampled, rollouts_sampled_pairs=fresh.rollouts_sampled,
+                  rollouts_used=estimator.rollouts_used + fresh.rollouts_used, sampler_calls=estimator.sampler_calls + fresh.sampler_calls,
+                  programs_judged=estimator.programs_judged + fresh.programs_judged, adaptive_decisions_early=estimator.decisions["early"],
                   adaptive_decisions_at_cap=estimator.decisions["at_cap"], seconds=round(time.perf_counter() - started, 3))
-    return PTSResult(config, searches, pairs, counts, screened, estimator)
+    return PTSResult(config, searches, pairs, counts, screened, estimator, fresh)
 
 # %% ../../nbs/methods/04_pts.ipynb #56d3b193
 @dataclass

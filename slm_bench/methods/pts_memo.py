@@ -15,10 +15,11 @@ from ..core.store import atomic_write_text, sha256_json
 from .pts_stats import PrefixStats
 
 # %% auto #0
-__all__ = ['MEMO_FORMAT', 'ProbabilityMemo']
+__all__ = ['MEMO_FORMAT', 'MEMO_VERSION', 'ProbabilityMemo']
 
 # %% ../../nbs/methods/03_pts_memo.ipynb #5a32ea23
-MEMO_FORMAT = "slm_bench.pts"  # the header's format tag (unchanged since the first memo, so old memos still load)
+MEMO_FORMAT = "slm_bench.pts"  # the header's format tag
+MEMO_VERSION = 2  # 2: every rollout's outcome and first token, in order (a version-1 memo is stale)
 
 
 def _line_hash(obj) -> str:
@@ -41,7 +42,7 @@ def _read_memo(lines: list[str], fingerprint: dict, entries: dict) -> str | None
             if number == 1:
                 if body.get("memo") != MEMO_FORMAT or "fingerprint" not in body:
                     return "line 1 is not a PTS memo header"
-                if body["fingerprint"] != json.loads(json.dumps(fingerprint)):
+                if body.get("version") != MEMO_VERSION or body["fingerprint"] != json.loads(json.dumps(fingerprint)):
                     return "stale"
                 continue
             entries[(str(body["q"]), tuple(int(t) for t in body["ids"]))] = PrefixStats.from_json(body["stats"])
@@ -80,7 +81,7 @@ class ProbabilityMemo:
         return _hashed_line({"q": key[0], "ids": list(key[1]), "stats": self.entries[key].to_json()})
 
     def _rewrite(self) -> None:
-        header = _hashed_line({"memo": MEMO_FORMAT, "version": 1, "fingerprint": self.fingerprint})
+        header = _hashed_line({"memo": MEMO_FORMAT, "version": MEMO_VERSION, "fingerprint": self.fingerprint})
         atomic_write_text(self.path, "\n".join([header] + [self._record(k) for k in self.entries]) + "\n")
 
 # %% ../../nbs/methods/03_pts_memo.ipynb #57e44d83
@@ -97,7 +98,7 @@ def _open(self: ProbabilityMemo) -> None:
         lines = self.path.read_text().splitlines()
         problem = _read_memo(lines, self.fingerprint, self.entries)
         if problem == "stale":
-            self._set_aside(".stale", "it was made with a different model, sampling settings or oracle")
+            self._set_aside(".stale", "it was made with a different model, sampling settings, oracle or memo version")
         elif problem:
             self._set_aside(".corrupt", problem)
         else:

@@ -31,7 +31,7 @@ def search_records(result, tokenizer, question_text: dict[str, str] | None = Non
         records.append({"question_id": q.id, "question": (question_text or {}).get(q.id, ""), "correct": search.correct,
                         "tokens": search.tokens, "pieces": pieces, "curve": curve, "p_gap": result.config.p_gap,
                         "pivots": [{"position": p.position, "token": pieces[p.position], "p_before": p.p_before, "p_after": p.p_after,
-                                    "token_prob": p.token_prob} for p in search.pivots],
+                                    "token_prob": p.token_prob, "delta_interval": [p.delta_low, p.delta_high]} for p in search.pivots],
                         "rollouts": rollouts})
     return records
 
