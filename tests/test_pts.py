@@ -213,6 +213,44 @@ def test_adaptive_error_rate_is_at_most_delta():
     assert decided > 200 and wrong / decided <= 0.1, (decided, wrong, undecided)
 
 
+def test_two_estimates_at_n16_of_the_same_p_differ_by_p_gap_a_fifth_of_the_time():
+    "The issue's arithmetic, exactly: X, Y ~ Binomial(16, 0.5); P(|X - Y| / 16 >= 0.2) = 0.2153."
+    pmf = [math.comb(16, k) / 2**16 for k in range(17)]
+    assert sum(pmf[a] * pmf[b] for a in range(17) for b in range(17) if abs(a - b) >= 4) == pytest.approx(0.21533, abs=1e-5)
+
+
+def test_the_sequential_test_reports_no_noise_pivots_where_n16_does():
+    "Ten free choices that leave p at 0.5, then a coin: every pivot but the coin is noise. N = 16 finds noise; the default test does not."
+    symbols = "ab+-Q"
+    free, coin = {"a": (0.5, 0), "b": (0.5, 0)}, {"+": (0.5, 1), "-": (0.5, -1)}
+    sampler = ChainSampler({"Q": ChainWorld([free] * 10 + [coin], threshold=1)}, symbols)
+    question = Question("Q", [1, symbols.index("Q") + 2])
+    noisy, careful = (pivotal_token_search(sampler, ChainOracle(sampler), [question],
+                                           PTSConfig(max_new_tokens=14, solutions_per_question=8, alternatives=0, **kw))
+                      for kw in ({"rollouts": 16, "adaptive": False}, {}))
+    assert [len(s.tokens) for s in noisy.searches] == [12] * 8  # the same eight solutions: 11 symbols and EOS
+    false = lambda r: [(s.tokens, p.position) for s in r.searches for p in s.pivots if p.position != 10]
+    assert len(false(noisy)) >= 3 and false(careful) == []
+    assert [p.position for p in careful.pivots] == [10] * 8  # the coin, in every solution
+
+
+def test_reference_quality_on_the_chain_world(chain):
+    "The reference finds exactly the planted pivots of every searched solution; PTS's precision is 1 and its recall is what it found."
+    from slm_bench.methods.pts_quality import QualityConfig, pivot_key, pivot_quality, reference_pivots
+
+    sampler, oracle, questions = chain
+    result = pivotal_token_search(sampler, oracle, questions, _config(alternatives=0))
+    qc = QualityConfig(scan_rollouts=64, confirm_rollouts=512)
+    reference = reference_pivots(result.searches, qc.estimator(sampler, oracle, result.config), 0.2, qc)
+    planted = {pivot_key(s.question.id, s.tokens, i) for s in result.searches for i, _ in planted_pivots(sampler, s.question, s.tokens, 0.2)}
+    assert set(reference["pivots"]) == planted
+    quality = pivot_quality([(s, p) for s in result.searches for p in s.pivots], result.searches, qc.estimator(sampler, oracle, result.config), 0.2, qc, reference)
+    found = {pivot_key(p.question_id, s.tokens, p.position) for s in result.searches for p in s.pivots}
+    assert quality["precision"]["value"] == 1.0 and quality["false_pivots"] == []
+    assert (quality["recall"]["hits"], quality["recall"]["total"]) == (len(found & planted), len(planted))
+    assert quality["recall"]["ci"][0] <= quality["recall"]["value"] <= quality["recall"]["ci"][1]
+
+
 def test_memo_is_reused_and_corruption_is_detected(chain, tmp_path):
     sampler, oracle, questions = chain
     config = _config(rollouts=32)

@@ -214,3 +214,19 @@ def test_finished_prompts_leave_the_lean_batch_without_changing_any_sample(tiny_
         assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
         lengths = [len(c.token_ids) for g in ours for c in g]
         assert min(lengths) < max(lengths)  # some prompts really did finish early
+
+
+def test_rows_going_on_alone_draw_the_same_samples(tiny_checkpoint, reference, monkeypatch):
+    "Content seeds, many samples of uneven length: rows go on alone once half are done, and every sample is the draw it was."
+    p = [prompt(reference, "Tom has 9 apples and"), prompt(reference, "Tom has")]
+    params = SamplingParams(n=24, max_new_tokens=40, seed=5, temperature=1.0, content_seeds=True, stop=["."])
+    sampler = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    calls = []
+    original = HFSampler._single_rows
+    monkeypatch.setattr(HFSampler, "_single_rows", lambda self, *a: calls.append(len(a[0])) or original(self, *a))
+    alone = [[c.token_ids for c in g] for g in sampler.generate(p, params)]
+    sampler.single_rows_at = 0.0
+    together = [[c.token_ids for c in g] for g in sampler.generate(p, params)]
+    assert len(calls) == 1 and 0 < calls[0] <= 24  # once, with at most half of the 48 rows still running
+    assert alone == together
+    assert len({len(t) for g in alone for t in g}) > 3  # uneven lengths: the case it exists for

@@ -199,6 +199,10 @@ class SampleNoise:
         rows = torch.tensor([i * n + j for i in prompt_positions for j in range(n)], dtype=torch.long)
         self.keys = self.keys.index_select(0, rows)
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        "Only these rows (positions in the current batch) remain, each now a batch entry of its own; their draws continue unchanged."
+        self.keys = self.keys.index_select(0, torch.tensor(list(rows), dtype=torch.long))
+
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         u = counter_uniform(self.keys, self.step).to(scores.device)
         self.step += 1
@@ -260,6 +264,7 @@ def _free_memory_bytes(device: torch.device) -> int:
 
 class HFSampler:
     "The Sampler contract over a transformers causal LM (CPU or GPU)."
+    single_rows_at = 0.5  # lean, content seeds: active rows go on alone once at most this share of the batch is active (0: never; ours)
 
     def __init__(self, model, tokenizer, mode: str = "auto", max_batch_prompts: int = 64, memory_fraction: float = 0.25,
                  progress: bool = False):
@@ -392,7 +397,7 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
                 reasons[orig], active[r] = "stop", False
             elif params.stop and self._stop_string_hit(tokens_out[orig], params, window):
                 reasons[orig], active[r] = "stop", False
-            elif len(tokens_out[orig]) >= caps[orig // n]:
+            elif len(tokens_out[orig]) >= caps[orig // params.n]:
                 active[r] = False
         if not any(active) or t == max_new - 1:
             break
@@ -402,8 +407,15 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
             prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
                 keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active)
             noise.keep(keep, n)
+        # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
+        if n > 1 and isinstance(noise, SampleNoise) and sum(active) <= self.single_rows_at * len(rows):
+            alive = [r for r, a in enumerate(active) if a]
+            prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
+                alive, n, prompt_cache, gen_cache, mask, token, positions, rows)
+            noise.keep_rows(alive)
+            n = 1
         logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
-    return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+    return self._finish(prompts, tokens_out, logprobs_out, reasons, params, params.n)
 
 
 HFSampler._generate_lean = _generate_lean
@@ -421,7 +433,17 @@ def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_c
     return prompt_cache, gen_cache, mask, token, positions, rows, active
 
 
-HFSampler._drop_finished = _drop_finished
+def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows):
+    "The batch's state with only the rows `alive`, each with its own copy of its prompt's cache (so n becomes 1 and rows leave one by one)."
+    kept_rows = torch.tensor(alive, device=self.device)
+    prompt_of = kept_rows // n
+    prompt_cache = [(k.index_select(0, prompt_of), v.index_select(0, prompt_of)) for k, v in prompt_cache]
+    gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
+    mask, token, positions = mask.index_select(0, prompt_of), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
+    return prompt_cache, gen_cache, mask, token, positions, [rows[r] for r in alive], [True] * len(alive)
+
+
+HFSampler._drop_finished, HFSampler._single_rows = _drop_finished, _single_rows
 
 # %% ../../nbs/infer/01_sampling.ipynb #c270230f
 def _draw_processor(params: SamplingParams, noise, recorded: list):
