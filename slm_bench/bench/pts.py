@@ -178,7 +178,7 @@ def _pts_summary(results: dict, seconds: dict, reference_estimator, config: PTSC
                           "rollouts_sampled_now": reference_estimator.rollouts_sampled, **vars(qc)}}
 
 # %% ../../nbs/bench/04_pts.ipynb #d39830df
-def bench_pts(run_dir: str | None = None, questions: int = 200, baseline_rollouts: int = 16, repeats: int = 2, first_question: int = 400,
+def bench_pts(run_dir: str | None = None, questions: int = 130, baseline_rollouts: int = 16, repeats: int = 2, first_question: int = 400,
               seed: int = 0) -> dict:
     "Seconds, rollouts, pivots, precision and recall of our PTS and the codelion-style baselines on the same questions, interleaved."
     import torch

@@ -52,6 +52,7 @@ class PTSConfig:
     adaptive: bool = True  # the sequential test (ours): each decision wrong with probability <= delta; False: N rollouts, point estimates
     delta: float = 0.05  # adaptive: error rate of each decision (ours)
     first_look: int = 16  # adaptive: rollouts at the first look; each later look doubles them, up to `rollouts` (ours)
+    leaf_rollouts: int = 1024  # adaptive: a single token still open at `rollouts` goes on up to this many (ours: steps near p_gap need them)
     screen_rollouts: int = 16  # rollouts from the bare question that screen it against question_range (ours)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -69,20 +70,25 @@ class PTSConfig:
             raise BadInput(f"p_gap must be in (0, 1] and question_range a (low, high) inside [0, 1]; got {self.p_gap}, {self.question_range}")
         if min(self.rollouts, self.first_look, self.screen_rollouts, self.solutions_per_question) < 1 or not 0 < self.delta < 1 or self.alternatives < 0:
             raise BadInput("rollouts, first_look, screen_rollouts and solutions_per_question must be >= 1, alternatives >= 0 and delta in (0, 1)")
+        if self.leaf_rollouts < self.rollouts:
+            raise BadInput(f"leaf_rollouts ({self.leaf_rollouts}) must be at least rollouts ({self.rollouts})")
         if self.keep_rollouts < self.solutions_per_question:
             raise BadInput(f"keep_rollouts ({self.keep_rollouts}) must be at least solutions_per_question ({self.solutions_per_question}): T_full is a kept rollout")
         if self.split not in ("logprob", "index"):
             raise BadInput(f"split must be 'logprob' or 'index', got {self.split!r}")
 
     def looks(self) -> list[int]:
-        "The rollout counts at which a comparison is examined: first_look, doubling, up to the cap (the fixed search: N alone)."
+        "The rollout counts at which a comparison may be examined: first_look, doubling, up to `rollouts` and on to `leaf_rollouts` (fixed: N alone)."
         if not self.adaptive:
             return [self.rollouts]
         n, schedule = min(self.first_look, self.rollouts), []
         while n < self.rollouts:
             schedule.append(n)
             n *= 2
-        return schedule + [self.rollouts]
+        schedule.append(self.rollouts)
+        while schedule[-1] < self.leaf_rollouts:
+            schedule.append(min(2 * schedule[-1], self.leaf_rollouts))
+        return schedule
 
     def level(self) -> float | None:
         "The error rate of each look's interval: delta shared over the looks (union bound); None for point estimates."
@@ -278,14 +284,15 @@ def _pivot(s: SolutionSearch, i: int, n: int, estimator: Estimator, config: PTSC
     return Pivot(s.question.id, i, s.tokens[i], before.p, after.p, math.exp(s.logprobs[i]), before.trials, after.trials, low, high)
 
 # %% ../../nbs/methods/04_pts.ipynb #aaf13b7a
-def settle(comparisons: list, estimator: Estimator, config: PTSConfig, rule: Callable) -> list[tuple[str, int]]:
-    """Decide every comparison ((question, prefix a), (question, prefix b)) by `rule(stats a, stats b, level)`, look by look:
-    both prefixes are sampled up to the look's count (batched across comparisons) and judged on exactly their first n rollouts.
-    Returns (decision, n) per comparison; a comparison still 'open' at the last look is 'undecided'."""
-    schedule, level = config.looks(), config.level()
+def settle(comparisons: list, estimator: Estimator, config: PTSConfig, rule: Callable, caps: list[int] | None = None) -> list[tuple[str, int]]:
+    """Decide every comparison ((question, prefix a), (question, prefix b)) by `rule(stats a, stats b, level)`, look by look up to
+    its cap (default `rollouts`): both prefixes are sampled up to the look's count (batched across comparisons) and judged on exactly
+    their first n rollouts. Returns (decision, n) per comparison; one still 'open' at its cap is 'undecided'."""
+    level = config.level()
+    caps = caps or [config.rollouts] * len(comparisons)
     settled: list = [("open", 0)] * len(comparisons)
-    for look, n in enumerate(schedule):
-        todo = [k for k, (d, _) in enumerate(settled) if d == "open"]
+    for n in config.looks():
+        todo = [k for k, (d, _) in enumerate(settled) if d == "open" and n <= caps[k]]
         if not todo:
             break
         estimator.ensure([(q, p, n) for k in todo for q, p in comparisons[k]])
@@ -294,7 +301,7 @@ def settle(comparisons: list, estimator: Estimator, config: PTSConfig, rule: Cal
             decision = rule(estimator.stats(qa, pa).first(n), estimator.stats(qb, pb).first(n), level)
             settled[k] = (decision, n)
             if decision != "open" and config.adaptive:
-                estimator.decisions["early" if look < len(schedule) - 1 else "at_cap"] += 1
+                estimator.decisions["early" if n < caps[k] else "at_cap"] += 1
     still = sum(d == "open" for d, _ in settled)
     estimator.decisions["undecided"] += still
     return [("undecided" if d == "open" else d, n) for d, n in settled]
@@ -308,7 +315,8 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
     rule = lambda a, b, level: compare(a, b, config.p_gap, level)
     bar = tqdm(desc="PTS subdivide", unit="depth", disable=not progress)
     while frontier:
-        settled = settle([((s.question, s.prefix(i)), (s.question, s.prefix(j))) for s, i, j in frontier], estimator, config, rule)
+        settled = settle([((s.question, s.prefix(i)), (s.question, s.prefix(j))) for s, i, j in frontier], estimator, config, rule,
+                         caps=[config.leaf_rollouts if j - i == 1 else config.rollouts for s, i, j in frontier])
         following = []
         for (s, i, j), (decision, n) in zip(frontier, settled):
             s.comparisons += 1
