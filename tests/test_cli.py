@@ -66,16 +66,58 @@ def test_bench_matmul_reports_ratio_to_numpy(cli):
     assert cli("bench", "nope").returncode == 2
 
 
-def test_sampler_and_train_benchmarks_report_ratios():
-    from slm_bench.bench.sampler import bench_sampler
-    from slm_bench.bench.train import bench_train
+def test_sampler_benchmark_arithmetic_on_known_timings(monkeypatch):
+    "With the timer replaced by known timings, each shape's ratio, range, speeds and work ratio are what those timings give by hand."
+    import slm_bench.bench.sampler as sampler
+    from slm_bench.lm.models import flops_per_token, get_preset
 
-    s = bench_sampler(preset="llama-0.5m", prompts=2, prompt_len=16, samples=2, new_tokens=4, runs=1)
-    assert s["ratio"] == round(s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"], 3) or abs(
-        s["ratio"] - s["ours_new_tokens_per_s"] / s["baseline_new_tokens_per_s"]) < 0.01
-    assert 0 < s["fraction_of_peak"] and s["peak_gflops"] > 0 and s["workload"]["samples"] == 2
-    t = bench_train(preset="llama-0.5m", seq_len=32, micro_batch=4, steps=2, runs=1)
-    assert abs(t["ratio"] - t["engine_tokens_per_s"] / t["bare_tokens_per_s"]) < 0.01 and t["fraction_of_peak"] > 0
+    calls = []
+
+    def fixed(runs, baseline, ours):
+        baseline(), ours()  # both sides still run and check their completions' lengths
+        calls.append(runs)
+        return [2.0, 6.0, 3.0], [1.0, 2.0, 1.5]  # per repeat, baseline over ours: 2, 3, 2
+
+    monkeypatch.setattr(sampler, "interleaved", fixed)
+    monkeypatch.setattr(sampler, "matmul_peak", lambda: (100.0, "given"))
+    result = sampler.bench_sampler(preset="llama-0.5m", shapes={"PTS": (2, 16, 4, 4), "plain": (2, 8, 1, 6)}, runs=3)
+    assert calls == [3, 3]
+    assert [(r["shape"], r["ratio"], r["min–max"]) for r in result["rows"]] == [
+        ("PTS: 4 samples per 16-token prompt, 4 new tokens, 2 prompts", 2.0, "2.0–3.0"),
+        ("plain: 1 sample per 8-token prompt, 6 new tokens, 2 prompts", 2.0, "2.0–3.0")]
+    pts, plain = result["details"]["PTS"], result["details"]["plain"]
+    assert (pts["ours_new_tokens_per_s"], pts["baseline_new_tokens_per_s"]) == (round(32 / 1.5, 1), round(32 / 3.0, 1))  # 2×4×4 tokens
+    assert (plain["ours_new_tokens_per_s"], plain["baseline_new_tokens_per_s"]) == (round(12 / 1.5, 1), round(12 / 3.0, 1))  # 2×1×6
+    spec = get_preset("llama-0.5m", max_position_embeddings=20)
+    prefill, decode = flops_per_token(spec, context=16)["forward"] * 16, flops_per_token(spec, context=18)["forward"] * 4
+    # generate prefills each of the 2 prompts 4 times (once per sample); ours once; both decode 2×4 samples × 4 tokens
+    assert pts["baseline_flops_over_ours"] == round((2 * 4 * prefill + 2 * 4 * decode) / (2 * prefill + 2 * 4 * decode), 2)
+    assert plain["baseline_flops_over_ours"] == 1.0  # one sample per prompt: the same work on both sides
+    assert "prefills every prompt once per sample (4×)" in result["explanation"]
+    assert result["ratio"] == "median of 3 interleaved repeats; min–max covers the median ratio with probability 75%"
+
+
+def test_train_benchmark_arithmetic_and_verdict_on_known_timings(monkeypatch):
+    "Engine over bare per repeat, from known timings: the median, the range, and the verdict the range implies."
+    import slm_bench.bench.train as train
+
+    timings = iter([([1.0, 1.0, 1.0], [1.25, 0.8, 1.0]), ([1.0, 1.0, 1.0], [1.25, 1.1, 1.2])])
+
+    def fixed(runs, bare, engine):
+        bare(), engine()  # both loops still run
+        return next(timings)
+
+    monkeypatch.setattr(train, "interleaved", fixed)
+    monkeypatch.setattr(train, "matmul_peak", lambda: (100.0, "given"))
+    small = dict(preset="llama-0.5m", seq_len=32, micro_batch=4, steps=2, runs=3)
+    within = train.bench_train(**small)  # engine over bare: 0.8, 1.25, 1.0
+    assert (within["ratio"], within["ratio_min"], within["ratio_max"]) == (1.0, 0.8, 1.25)
+    assert within["verdict"] == "no measurable overhead: the ratio's range 0.8–1.25 includes 1"
+    assert (within["engine_tokens_per_s"], within["bare_tokens_per_s"]) == (2 * 4 * 32 / 1.0, 2 * 4 * 32 / 1.0)
+    slower = train.bench_train(**small)  # 0.8, 0.909, 0.833
+    assert (slower["ratio"], slower["ratio_min"], slower["ratio_max"]) == (round(1 / 1.2, 3), 0.8, round(1 / 1.1, 3))
+    assert slower["verdict"] == "the engine is slower than the bare loop: 17% overhead (median), range 0.8–0.909"
+    assert slower["engine_tokens_per_s"] == round(256 / 1.2, 1)
 
 
 def test_serve_bad_checkpoint_is_a_clear_error(cli, tmp_path):

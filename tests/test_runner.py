@@ -48,6 +48,11 @@ def test_environment_stage_through_the_real_kernel(cli, tmp_path):
 
     env = read(stage / "environment.json")
     assert env["versions"]["torch"] == manifest["versions"]["torch"] and env["cpu"]["logical_cores"] >= 1
+    # what decided the numbers, as the stage's kernel saw it: matches what the stage itself measured in environment.json
+    determined = manifest["determined_by"]
+    assert determined["seeds"] == {"seed": 0} and determined["python_hash_seed"] == os.environ.get("PYTHONHASHSEED", "0")
+    assert (determined["torch_threads"], determined["cpu"]["model"]) == (env["cpu"]["torch_threads"], env["cpu"]["model"])
+    assert manifest["versions"]["tokenizers"] and not (stage / ".runtime.json").exists()  # moved into the manifest
 
     executed = nbformat.read(stage / "notebook.ipynb", as_version=4)
     assert executed.metadata.kernelspec.name == "slm-bench"

@@ -30,14 +30,47 @@ def test_sys_exit_and_recursion(box):
     assert box.run("def f():\n    return f()\nf()").error == "RecursionError"
 
 
+def _pid_alive(pid: int) -> bool:
+    "Whether `pid` is a live process (not gone, not a zombie)."
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_dead_worker_is_replaced():
     with Sandbox(workers=1, timeout=2.0) as box:
         first = box._all[0]  # the single light worker
-        os.kill(first.worker_pid, 9)  # the worker dies between jobs
+        pid = first.worker_pid or first.proc.pid  # its host pid (bwrap's child, or the process itself when process-only)
+        assert _pid_alive(pid)
+        os.kill(pid, 9)  # the worker dies between jobs
         first.proc.wait()
         r = box.run("x = 1")
         assert (r.ok, r.error) == (False, "WorkerCrashed")
+        assert not _pid_alive(pid)  # really gone, not left behind
         assert box._all[0] is not first and box.run("def f():\n    return 1", entry="f").value == 1
+        replacement = box._all[0].worker_pid or box._all[0].proc.pid
+        assert replacement != pid and _pid_alive(replacement)
+
+
+def test_killing_the_process_group_ends_the_program_not_the_worker():
+    "A program that kills its own process group dies by SIGKILL; the worker's group is out of its reach; the same worker lives on."
+    with Sandbox(workers=1, timeout=2.0) as box:
+        worker = box._all[0]
+        if "pid namespace" not in worker.isolation:
+            pytest.skip("needs the worker's pid namespace (process-only here)")
+        pid = worker.worker_pid
+        r = box.run("import os\nos.killpg(0, 9)")  # its own group: the program and anything it started
+        assert (r.ok, r.error) == (False, "Crashed:SIGKILL")
+        r = box.run("import os\nos.killpg(os.getpgid(os.getppid()), 9)")  # the worker's group is not in its pid namespace
+        assert (r.ok, r.error) == (False, "ProcessLookupError")
+        assert box._all == [worker] and worker.proc.poll() is None and _pid_alive(pid)  # the same worker, alive
+        assert box.run("def f():\n    return 2", entry="f").value == 2
 
 
 def test_batch_in_order(box):

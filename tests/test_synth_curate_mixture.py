@@ -1,13 +1,15 @@
 """Teacher, curation and mixture pieces: known answers, planted errors, parsers that never crash, bad input."""
 import json
+from pathlib import Path
 
 import pytest
 
 from slm_bench.core.errors import BadInput
-from slm_bench.data.curate import TestIndex, dedup, phi4_verdict, run_filters, tinygsm_verdict
+from slm_bench.data.curate import TestIndex, dedup, phi4_verdict, run_filters, split_by_answer, tinygsm_verdict
 from slm_bench.data.mixture import MixtureWidget, Source, draw, epochs, validate_sources
 from slm_bench.evals.sandbox import Sandbox
-from slm_bench.data.synth import FAMILIES, TEST_VOCAB, TRAIN_VOCAB, LLMTeacher, ParseReport, ProceduralTeacher, load_seed_questions, parse_joint, parse_questions
+from slm_bench.data.synth import FAMILIES, TEST_VOCAB, TRAIN_VOCAB, LLMTeacher, ParseReport, ProceduralTeacher, held_out_sets, load_seed_questions, parse_joint, parse_questions
+from slm_bench.pipeline.stages import discover_stages
 
 
 def run_program(code):
@@ -40,6 +42,36 @@ def test_test_vocabulary_is_disjoint():
     test = ProceduralTeacher(vocab=TEST_VOCAB).generate(100, seed=1)
     train_names = {n for n, _ in TRAIN_VOCAB.names}
     assert not any(p.question.split()[0] in train_names for p in test)
+
+
+def test_held_out_sets_plain_test_disjoint_dev_and_an_ic_column():
+    sets = held_out_sets(n_test=300, n_dev=150, seed=2)
+    test, dev, test_ic = sets["test"], sets["dev"], sets["test_ic"]
+    assert (len(test), len(dev), len(test_ic)) == (300, 150, 300)
+    assert not {p.question for p in test} & {p.question for p in dev}  # disjoint by question text
+    assert len({p.question for p in dev}) == 150
+    assert not any(p.irrelevant or p.corrupted for p in test + dev)  # primary sets: plain, as GSM8K test
+    train_names = {n for n, _ in TRAIN_VOCAB.names}
+    assert not any(p.question.split()[0] in train_names for p in test + dev + test_ic)  # held-out names
+    for plain, ic in zip(test, test_ic):  # the same problem with one more sentence, same answer and question sentence
+        assert ic.id == plain.id + "-ic" and ic.irrelevant and ic.answer == plain.answer
+        assert ic.question.count(". ") == plain.question.count(". ") + 1
+        assert ic.question.rsplit(". ", 1)[1] == plain.question.rsplit(". ", 1)[1]
+        assert abs(run_program(ic.program) - plain.answer) < 1e-9
+    assert [p.question for p in held_out_sets(300, 150, seed=2)["dev"]] == [p.question for p in dev]  # from the seed
+    assert held_out_sets(300, 150, seed=3)["dev"][0].question != dev[0].question
+
+
+def test_answer_validation_is_off_by_default_and_the_ablation_drops_exactly_the_planted_errors():
+    stages = discover_stages(Path(__file__).resolve().parents[1] / "nbs" / "stages")
+    assert stages["curate"].params["validate_answers"].default is False  # TinyGSM checks no correctness
+    assert stages["synth"].params["n_dev"].default == 200
+    assert {"dev.jsonl", "test_ic.jsonl"} <= set(stages["synth"].outputs)
+    problems = ProceduralTeacher(error_rate=0.3).generate(300, seed=6)
+    records = [{**p.to_json(), "program_answer": run_program(p.program)} for p in problems]
+    right, wrong = split_by_answer(records)
+    assert [r["id"] for r in wrong] == [p.id for p in problems if p.corrupted]
+    assert len(right) + len(wrong) == 300 and len(wrong) > 60
 
 
 def test_teacher_output_that_fails_to_parse_is_counted_not_fatal():
@@ -115,9 +147,16 @@ def test_mixture_bad_input_and_sampler():
         validate_sources([Source("a", 0.5, 10), Source("b", 0.5, 0)])
     docs = {"big": [[1] * 7] * 100, "small": [[2] * 3] * 10}
     stream, stats = draw(docs, {"big": 0.7, "small": 0.3}, budget=2000, seed=1)
-    assert abs(stats["small"]["realised_share"] - 0.3) < 0.02
-    assert stats["small"]["realised_epochs"] == pytest.approx(stats["small"]["drawn_tokens"] / 30)
+    # by hand: a big document is 7 tokens / 0.7 share = 10 units, a small one 3 / 0.3 = 10, so the furthest-behind rule
+    # draws them in pairs, one of each (which comes first on a tie is float rounding); each pair adds 10 tokens, and the
+    # 200th pair reaches the budget exactly
+    names = [name for name, _ in stream]
+    assert [sorted(names[i:i + 2]) for i in range(0, len(names), 2)] == [["big", "small"]] * 200
+    assert (stats["big"]["drawn_tokens"], stats["small"]["drawn_tokens"]) == (1400, 600)
+    assert (stats["small"]["realised_share"], stats["small"]["realised_epochs"]) == (0.3, 20.0)  # 600 / 2000; 600 / 30 unique
     assert stats["small"]["planned_epochs"] == pytest.approx(0.3 * 2000 / 30)
+    small = [i for name, i in stream if name == "small"]
+    assert [sorted(small[e * 10:(e + 1) * 10]) for e in range(20)] == [list(range(10))] * 20  # each of 20 epochs reads all 10 once
 
 
 def test_mixture_widget_reacts_to_sliders():

@@ -89,6 +89,7 @@ def test_amc_answers_and_score():
     outcomes = [[task.outcome(j), task.outcome(task.judge(p, "no idea"))] for p, j in zip(problems, judged)]
     score = amc_score(outcomes)
     assert score["run_scores"] == [150.0, 37.5] and score["score"] == 93.75
+    assert score["two_sigma"] == pytest.approx(112.5)  # of the mean: 2 × sample sd (56.25·√2) / √2 runs
 
 
 def test_humaneval_canonical_pass_and_broken_fail_through_the_cli(cli, tmp_path):
@@ -120,6 +121,19 @@ def test_pass_at_k_from_the_cli(cli, tmp_path):
     samples.write_text("".join(json.dumps(x) + "\n" for x in lines))
     metrics = json.loads(cli("score", "--task", "humaneval", "--samples", samples, "--k", "1,2,10").stdout)
     assert metrics["pass@1"] == pytest.approx(0.25) and metrics["pass@2"] == pytest.approx(0.5) and metrics["skipped_k"] == [10]
+    # every problem is exactly 1/4 right, so any resample of problems gives 0.25: the interval resamples problems, not samples
+    assert metrics["accuracy_ci95"] == [0.25, 0.25] and metrics["samples_per_problem"] == [4, 4]
+
+
+def test_score_reports_pass_at_1_8_32_where_the_samples_allow(cli, tmp_path):
+    "Without --k: pass@1 and pass@8 for 8 samples per problem (not pass@32); the interval is over the 2 problems."
+    samples = tmp_path / "s.jsonl"  # GSM8K row 0's answer is 18: problem 0 right in 2 of 8 samples, problem 1 in none
+    samples.write_text("".join(json.dumps({"idx": idx, "completion": f"#### {18 if idx == 0 and i < 2 else 5}"}) + "\n"
+                               for idx in (0, 1) for i in range(8)))
+    metrics = json.loads(cli("score", "--task", "gsm8k", "--samples", samples).stdout)
+    assert metrics["pass@1"] == pytest.approx((2 / 8 + 0) / 2)
+    assert metrics["pass@8"] == pytest.approx((1 + 0) / 2) and "pass@32" not in metrics and "skipped_k" not in metrics
+    assert metrics["accuracy"] == 2 / 16 and metrics["accuracy_ci95"] == [0.0, 0.25]  # draws: {1, 1} → 0, {0, 0} → 4/16
 
 
 @pytest.mark.parametrize("content, message", [

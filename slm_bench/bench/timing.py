@@ -5,6 +5,7 @@
 # %% ../../nbs/bench/00_timing.ipynb #bf9323e3
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from ..core.paths import find_project_root
 from ..core.store import read_json
 
 # %% auto #0
-__all__ = ['matmul_peak', 'interleaved']
+__all__ = ['matmul_peak', 'interleaved', 'ratio_spread']
 
 # %% ../../nbs/bench/00_timing.ipynb #3a87e698
 def matmul_peak(run_dir: Path | str | None = None) -> tuple[float, str]:
@@ -36,3 +37,12 @@ def interleaved(runs: int, baseline, ours) -> tuple[list[float], list[float]]:
             fn()
             times.append(time.perf_counter() - start)
     return base_times, our_times
+
+# %% ../../nbs/bench/00_timing.ipynb #6bb5310a
+def ratio_spread(base_times: list[float], our_times: list[float]) -> dict:
+    "Per-repeat speed ratios (baseline seconds / our seconds), their median, [min, max] and that interval's coverage of the median."
+    if len(base_times) != len(our_times) or not base_times:
+        raise ValueError(f"need as many baseline as our times, at least one: got {len(base_times)} and {len(our_times)}")
+    ratios = [b / o for b, o in zip(base_times, our_times)]
+    return {"ratio": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+            "interval_coverage": round(1 - 2 * 0.5 ** len(ratios), 4), "per_repeat_ratios": [round(r, 3) for r in ratios]}

@@ -9,14 +9,24 @@ import statistics
 
 import torch
 
-from .timing import interleaved, matmul_peak
+from .timing import interleaved, matmul_peak, ratio_spread
 from ..lm.models import create_model, flops_per_token, get_preset
 
 # %% auto #0
-__all__ = ['bench_train']
+__all__ = ['overhead_verdict', 'bench_train']
+
+# %% ../../nbs/bench/02_train.ipynb #d48b0251
+def overhead_verdict(spread: dict) -> str:
+    "What `ratio_spread`'s interval of engine-over-bare speed says about the engine's overhead."
+    low, high, median = spread["ratio_min"], spread["ratio_max"], spread["ratio"]
+    if low <= 1 <= high:
+        return f"no measurable overhead: the ratio's range {low}–{high} includes 1"
+    if high < 1:
+        return f"the engine is slower than the bare loop: {1 - median:.0%} overhead (median), range {low}–{high}"
+    return f"the engine is faster than the bare loop: {median - 1:.0%} (median), range {low}–{high}"
 
 # %% ../../nbs/bench/02_train.ipynb #ac1dc0cd
-def bench_train(preset: str = "llama-2m", seq_len: int = 128, micro_batch: int = 16, steps: int = 8, runs: int = 3, seed: int = 0) -> dict:
+def bench_train(preset: str = "llama-2m", seq_len: int = 128, micro_batch: int = 16, steps: int = 8, runs: int = 7, seed: int = 0) -> dict:
     "Training tokens/s of the engine against a bare PyTorch loop on the same model and data."
     import tempfile
 
@@ -52,11 +62,13 @@ def bench_train(preset: str = "llama-2m", seq_len: int = 128, micro_batch: int =
 
     base_times, our_times = interleaved(runs, bare, engine)
     tokens = steps * micro_batch * seq_len
+    spread = ratio_spread(base_times, our_times)
     base_tps, our_tps = tokens / statistics.median(base_times), tokens / statistics.median(our_times)
     peak, source = matmul_peak()
     achieved = flops_per_token(spec, context=seq_len)["train"] * our_tps / 1e9
-    return {"benchmark": "train", "baseline": "bare PyTorch loop (same model, data, AdamW)",
-            "ratio": round(our_tps / base_tps, 3), "engine_tokens_per_s": round(our_tps, 1), "bare_tokens_per_s": round(base_tps, 1),
+    return {"benchmark": "train", "baseline": "bare PyTorch loop (same model, data, AdamW)", **spread, "verdict": overhead_verdict(spread),
+            "interval": f"min–max of {runs} interleaved repeats; covers the median ratio with probability {spread['interval_coverage']:.0%}",
+            "engine_tokens_per_s": round(our_tps, 1), "bare_tokens_per_s": round(base_tps, 1),
             "engine_seconds": [round(t, 3) for t in our_times], "bare_seconds": [round(t, 3) for t in base_times],
             "workload": {"model": preset, "params": sum(p.numel() for p in bare_model.parameters()), "seq_len": seq_len,
                          "micro_batch": micro_batch, "steps_per_run": steps, "torch_threads": torch.get_num_threads()},

@@ -69,7 +69,8 @@ def resolve_path(path: Path | str, root: Path | None = None) -> Path:
     return (base / path).resolve()
 
 # %% ../../nbs/core/01_paths.ipynb #1b80d5e2
-VERSIONED_PACKAGES = ("slm_bench", "papermill", "nbclient", "nbconvert", "ipykernel", "numpy", "torch", "transformers", "accelerate")
+VERSIONED_PACKAGES = ("slm_bench", "papermill", "nbclient", "nbconvert", "ipykernel", "numpy", "torch", "transformers", "accelerate",
+                      "tokenizers", "safetensors", "sympy")  # tokenizers trains the BPE; sympy runs in sandboxed programs
 
 
 def package_versions() -> dict[str, str | None]:

@@ -14,8 +14,8 @@ from typing import Iterable, Sequence
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['text_problems', 'run_filters', 'normalize_for_dedup', 'dedup', 'content_words', 'ngrams', 'TestIndex',
-           'allowed_13grams', 'Verdict', 'tinygsm_verdict', 'phi4_verdict', 'decontaminate']
+__all__ = ['text_problems', 'run_filters', 'split_by_answer', 'normalize_for_dedup', 'dedup', 'content_words', 'ngrams',
+           'TestIndex', 'allowed_13grams', 'Verdict', 'tinygsm_verdict', 'phi4_verdict', 'decontaminate']
 
 # %% ../../nbs/data/01_curate.ipynb #ed8e65ab
 _DIGIT = re.compile(r"\d")
@@ -57,6 +57,17 @@ def run_filters(records: Sequence[dict], sandbox, min_question_words: int = 8) -
         else:
             kept.append({**record, "program_answer": result.value})
     return kept, reasons
+
+# %% ../../nbs/data/01_curate.ipynb #45fcbd95
+def split_by_answer(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    "The records whose `program_answer` equals their true `answer`, and the others (float noise allowed)."
+    from slm_bench.evals.tasks import numbers_equal
+
+    right, wrong = [], []
+    for r in records:
+        ok = numbers_equal(r["program_answer"], r["answer"]) or numbers_equal(float(r["program_answer"]), r["answer"])
+        (right if ok else wrong).append(r)
+    return right, wrong
 
 # %% ../../nbs/data/01_curate.ipynb #3942a8f1
 def normalize_for_dedup(text: str) -> str:

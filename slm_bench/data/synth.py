@@ -22,8 +22,9 @@ from ..core.store import jsonl_objects
 __all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB', 'VERIFIER_VOCAB', 'ALL_VOCAB', 'FAMILIES',
            'PROMPTS', 'DELIMITER', 'Step', 'Spec', 'SynthProblem', 'render', 'Vocab', 'fam_add', 'fam_subtract',
            'fam_multiply', 'fam_divide', 'fam_remainder', 'fam_percent', 'fam_rate', 'fam_convert', 'fam_ages',
-           'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'organic_corpus', 'code_corpus', 'load_prompts',
-           'ParseReport', 'extract_program', 'parse_joint', 'parse_questions', 'load_seed_questions', 'LLMTeacher']
+           'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'add_irrelevant', 'held_out_sets',
+           'organic_corpus', 'code_corpus', 'load_prompts', 'ParseReport', 'extract_program', 'parse_joint',
+           'parse_questions', 'load_seed_questions', 'LLMTeacher']
 
 # %% ../../nbs/data/00_synth.ipynb #7e288954
 @dataclass
@@ -401,6 +402,46 @@ class ProceduralTeacher:
         spec = FAMILIES[family](rng, self.vocab)
         irrelevant = _irrelevant(rng, spec.sentences[0].split()[0], self.vocab) if rng.random() < self.irrelevant_rate else None
         return render(spec, f"{self.prefix}-{seed}-{i}", irrelevant, rng, "joint", rng.random() < self.error_rate)
+
+# %% ../../nbs/data/00_synth.ipynb #2a50dd5d
+def _program(question: str, old_program: str) -> str:
+    "old_program with its docstring replaced by question (wrapped as `render` wraps it)."
+    head, _, rest = old_program.partition('    """\n')
+    _, _, body = rest.partition('\n    """\n')
+    docstring = "\n".join("    " + line for line in textwrap.wrap(question, 76))
+    return f'{head}    """\n{docstring}\n    """\n{body}'
+
+
+def add_irrelevant(p: SynthProblem, rng: random.Random, vocab: Vocab = TEST_VOCAB) -> SynthProblem:
+    "GSM-IC's construction: the same problem (same answer) with one irrelevant sentence inserted before its question sentence."
+    if p.irrelevant:
+        raise BadInput(f"problem {p.id} already has an irrelevant sentence")
+    sentences = re.split(r"(?<=[.?!]) ", p.question)
+    sentence = _irrelevant(rng, sentences[0].split()[0], vocab)
+    sentences.insert(rng.randint(1, len(sentences) - 1), sentence)  # after the first sentence, before the question
+    question = " ".join(sentences)
+    return SynthProblem(f"{p.id}-ic", p.family, p.steps, question, p.answer, _program(question, p.program), p.solution,
+                        True, p.corrupted, p.mode)
+
+
+def held_out_sets(n_test: int, n_dev: int, seed: int = 0, mode: str = "joint",
+                  vocab: Vocab = TEST_VOCAB) -> dict[str, list[SynthProblem]]:
+    "Plain `test` and `dev` sets (no planted errors, no irrelevant sentence; dev disjoint from test by question text) and `test_ic`."
+    def teacher(prefix):
+        return ProceduralTeacher(error_rate=0.0, irrelevant_rate=0.0, mode=mode, vocab=vocab, prefix=prefix)
+    test = teacher("test").generate(n_test, seed=seed + 10_000)
+    seen = {p.question for p in test}
+    dev: list[SynthProblem] = []
+    drawn = n_dev
+    while len(dev) < n_dev:  # the teacher's stream is prefix-stable: drawing more only appends
+        dev, taken = [], set(seen)
+        for p in teacher("dev").generate(drawn, seed=seed + 30_000):
+            if p.question not in taken and len(dev) < n_dev:
+                dev.append(p)
+                taken.add(p.question)
+        drawn += max(10, n_dev // 4)
+    rng = random.Random(seed + 40_000)
+    return {"test": test, "dev": dev, "test_ic": [add_irrelevant(p, rng, vocab) for p in test]}
 
 # %% ../../nbs/data/00_synth.ipynb #36884358
 def organic_corpus(n: int, seed: int = 0) -> list[str]:

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import BadInput
-from .metrics import accuracy_ci, amc_score, format_ok, mean_pass_at_k
+from .metrics import amc_score, cluster_accuracy_ci, format_ok, mean_pass_at_k
 from ..core.store import atomic_write_text, to_jsonable
 from ..core.store import jsonl_objects
 from .tasks import Problem, Task, get_task
 
 # %% auto #0
-__all__ = ['read_samples', 'score_samples']
+__all__ = ['DEFAULT_KS', 'read_samples', 'score_samples']
 
 # %% ../../nbs/evals/03_score.ipynb #b64cba80
 def read_samples(path: Path | str, problems: Sequence[Problem], task: Task) -> list[tuple[dict, Problem]]:
@@ -51,6 +51,29 @@ def read_samples(path: Path | str, problems: Sequence[Problem], task: Task) -> l
         raise BadInput(f"{path} holds no samples")
     return pairs
 
+# %% ../../nbs/evals/03_score.ipynb #1b5bb871
+DEFAULT_KS = (1, 8, 32)  # pass@k reported without --k, each where every problem has at least k samples
+
+
+def _pass_at_ks(per_problem: dict[str, list[bool]], ks: Sequence[int]) -> dict:
+    "pass@k for each k of `ks` (default: each of DEFAULT_KS every problem has samples for); asked-for k too large go to `skipped_k`."
+    fewest = min(len(v) for v in per_problem.values())
+    asked = list(ks) or [k for k in DEFAULT_KS if k <= fewest]
+    metrics = {f"pass@{k}": mean_pass_at_k([(len(v), sum(v)) for v in per_problem.values()], k) for k in asked if k <= fewest}
+    skipped = [k for k in asked if k > fewest]
+    return {**metrics, "skipped_k": skipped} if skipped else metrics
+
+# %% ../../nbs/evals/03_score.ipynb #794d812a
+def _amc_metrics(task: Task, pairs, judgements) -> dict:
+    "AMC's score and 2σ of that mean, when every question has the same number of samples."
+    outcomes: dict[str, list[str]] = defaultdict(list)
+    for (sample, problem), judgement in zip(pairs, judgements):
+        outcomes[problem.id].append(task.outcome(judgement))
+    if len({len(v) for v in outcomes.values()}) != 1:
+        return {}
+    amc = amc_score(list(outcomes.values()))
+    return {"amc_score": amc["score"], "amc_two_sigma": amc["two_sigma"], "amc_two_sigma_of": amc["two_sigma_of"], "amc_runs": amc["runs"]}
+
 # %% ../../nbs/evals/03_score.ipynb #c79dcfd4
 def score_samples(task_name: str, data: Path | str | None, samples: Path | str, out: Path | str | None = None,
                   ks: Sequence[int] = (), sandbox=None, progress: bool = False) -> dict:
@@ -67,22 +90,14 @@ def score_samples(task_name: str, data: Path | str | None, samples: Path | str, 
     per_problem: dict[str, list[bool]] = defaultdict(list)
     for (sample, problem), judgement in zip(pairs, judgements):
         per_problem[problem.id].append(judgement.correct)
-    correct = [j.correct for j in judgements]
-    interval = accuracy_ci(correct)
-    metrics = {"task": task.name, "n": len(pairs), "problems": len(per_problem), "accuracy": interval["accuracy"],
-               "accuracy_ci95": [interval["ci_low"], interval["ci_high"]], "format_ok": format_ok([j.extracted for j in judgements])}
-    fewest = min(len(v) for v in per_problem.values())
-    for k in ks:
-        if k <= fewest:
-            metrics[f"pass@{k}"] = mean_pass_at_k([(len(v), sum(v)) for v in per_problem.values()], k)
-        else:
-            metrics.setdefault("skipped_k", []).append(k)
-    if task.name == "amc" and len({len(v) for v in per_problem.values()}) == 1:
-        outcomes: dict[str, list[str]] = defaultdict(list)
-        for (sample, problem), judgement in zip(pairs, judgements):
-            outcomes[problem.id].append(task.outcome(judgement))
-        amc = amc_score(list(outcomes.values()))
-        metrics["amc_score"], metrics["amc_two_sigma"] = amc["score"], amc["two_sigma"]
+    interval = cluster_accuracy_ci(list(per_problem.values()))
+    counts = sorted(len(v) for v in per_problem.values())
+    metrics = {"task": task.name, "n": len(pairs), "problems": len(per_problem), "samples_per_problem": [counts[0], counts[-1]],
+               "accuracy": interval["accuracy"], "accuracy_ci95": [interval["ci_low"], interval["ci_high"]],
+               "accuracy_ci95_of": f"the mean over samples; percentile bootstrap resampling the {len(per_problem)} problems with all their samples",
+               "format_ok": format_ok([j.extracted for j in judgements]), **_pass_at_ks(per_problem, ks)}
+    if task.name == "amc":
+        metrics.update(_amc_metrics(task, pairs, judgements))
     lines = [json.dumps(to_jsonable({**sample, "correct": j.correct, "extracted": j.extracted if not hasattr(j.extracted, "numerator")
                                      else (int(j.extracted) if j.extracted.denominator == 1 else float(j.extracted)), "error": j.error}))
              for (sample, _), j in zip(pairs, judgements)]

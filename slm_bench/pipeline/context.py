@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import html
 import io
+import os
+import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,8 @@ from ..core.paths import resolve_path
 from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['MANIFEST', 'METRICS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'METRICS_MIME', 'format_metric', 'StageContext',
-           'open_stage', 'metrics_table_html']
+__all__ = ['MANIFEST', 'METRICS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME', 'NUMERIC_CPU_FLAGS',
+           'format_metric', 'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
@@ -26,6 +29,7 @@ METRICS = "metrics.json"  # the metrics a stage recorded with `StageContext.reco
 TABLES = "tables"  # the benchmark tables a stage showed with `StageContext.show_table` (JSON, read by `slm-bench compare`)
 EXECUTED_NOTEBOOK = "notebook.ipynb"  # the executed copy of the stage notebook
 ATTEMPT = ".attempt.json"  # the runner's note of an attempt in progress (cache key, attempt count)
+RUNTIME = ".runtime.json"  # what the stage's kernel saw that decides its numbers (threads, CPU, hash seed); the runner moves it into the manifest
 METRICS_MIME = "application/vnd.slm-bench.metrics+json"
 
 # %% ../../nbs/pipeline/01_context.ipynb #4df889cc
@@ -67,6 +71,40 @@ class StageContext:
             raise BadInput(f"stage {self.name!r} needs the finished output of {stage!r} in {folder}; run `slm-bench run --stages {stage} --run-dir {self.run_dir}` first")
         return folder
 
+# %% ../../nbs/pipeline/01_context.ipynb #a90b2398
+NUMERIC_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                     "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")  # instruction sets that change which kernels run
+
+
+def _cpu() -> dict:
+    "The CPU's model and the instruction-set flags among NUMERIC_CPU_FLAGS it has (Linux's /proc/cpuinfo)."
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(), "machine": platform.machine(),
+            "flags": [f for f in NUMERIC_CPU_FLAGS if f in flags]}
+
+
+def runtime_facts(hash_seed: str | None = None) -> dict:
+    """Threads, CPU, torch's kernel choice and the string-hash seed (as it was when the process started: pass it in) of this
+    process; torch's only when torch is already imported (a stage that does not use it pays nothing)."""
+    facts = {"python_hash_seed": hash_seed if hash_seed is not None else "random", "cpu": _cpu(), "logical_cores": os.cpu_count(),
+             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")}}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return facts
+    return {**facts, "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "cuda": torch.version.cuda}
+
 # %% ../../nbs/pipeline/01_context.ipynb #0de3802a
 def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "", seed: int | None = None) -> StageContext:
     "The context for the stage declared by `declaration` (its STAGE dict); creates its folder and seeds RNGs if `seed` is given."
@@ -74,8 +112,10 @@ def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "",
     run_path = resolve_path(run_dir)
     folder = resolve_path(out_dir) if str(out_dir) else run_path / name
     folder.mkdir(parents=True, exist_ok=True)
+    hash_seed = os.environ.get("PYTHONHASHSEED")  # before seed_everything sets it for later subprocesses
     if seed is not None:
         seed_everything(seed)
+    atomic_write_json(folder / RUNTIME, runtime_facts(hash_seed))
     attempt = read_json(folder / ATTEMPT, {}).get("attempt", 1)
     from slm_bench.evals.sandbox import OPENED
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import nbformat
 
 from ..core.config import Profile, get_profile, resolve_parameters
-from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, format_metric
+from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed
 from ..core.paths import find_project_root, package_dir, package_versions
 from .stages import Stage, discover_stages, recipe_stages, select_stages
@@ -227,15 +227,22 @@ def kernel_environment():
       inline backend and figures silently vanish from the executed notebook.
     * The kernel talks over IPC sockets in a private temporary folder instead of TCP ports on
       localhost: nothing listens on the network, and no port can collide with a parallel run.
+    * PYTHONHASHSEED is 0 unless the caller set it: otherwise every kernel hashes strings with a new
+      random seed, and code that iterates a set of strings (n-grams, words) visits them in a new order
+      each run — ties then break differently and the same command gives different results.
     """
     from traitlets.config import Config
 
     saved = os.environ.pop("MPLBACKEND", None)
+    hash_seed_set = "PYTHONHASHSEED" in os.environ
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     sockets = tempfile.mkdtemp(prefix="slm-bench-kernel-")
     try:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "k")}})
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
+        if not hash_seed_set:
+            del os.environ["PYTHONHASHSEED"]
         if saved is not None:
             os.environ["MPLBACKEND"] = saved
 
@@ -270,6 +277,13 @@ def _close_stage(stage: Stage, folder: Path, manifest: dict, error: BaseExceptio
     (folder / ATTEMPT).unlink(missing_ok=True)
     return manifest
 
+# %% ../../nbs/pipeline/02_runner.ipynb #6fb49088
+def _determined_by(params: dict, folder: Path) -> dict:
+    "The seeds among the stage's parameters and the facts its kernel noted in `.runtime.json` (which is then removed)."
+    facts = read_json(folder / RUNTIME, None)
+    (folder / RUNTIME).unlink(missing_ok=True)
+    return {"seeds": {k: v for k, v in params.items() if "seed" in k}, **(facts or {"runtime": "not recorded (the stage did not call open_stage)"})}
+
 # %% ../../nbs/pipeline/02_runner.ipynb #94159800
 def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], report_page: Path | None) -> dict:
     "Run one stage notebook into its folder and write its manifest; `StageFailed` if it fails."
@@ -298,7 +312,8 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     duration = time.perf_counter() - clock
     if error is None:
         error = _missing_outputs(stage, folder)
-    manifest.update(finished=_now(), duration_s=round(duration, 3), metrics=read_json(folder / METRICS, {}))
+    manifest.update(finished=_now(), duration_s=round(duration, 3), metrics=read_json(folder / METRICS, {}),
+                    determined_by=_determined_by(params, folder))
     return _close_stage(stage, folder, manifest, error, options.cell_timeout, report_page)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #21e9f0af
