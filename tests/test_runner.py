@@ -246,3 +246,28 @@ def test_concurrent_run_on_same_folder_is_refused(cli, tmp_path):
         gate.unlink()
         proc.communicate(timeout=120)
     assert proc.returncode == 0
+
+
+def test_a_stalled_kernel_is_stopped_and_the_stage_runs_again(cli, tmp_path):
+    "A cell that waits on nothing (as when nbclient loses a reply, #312) is stopped by the watchdog; the retry resumes and finishes."
+    run_dir = tmp_path / "run"
+    result = cli("run", "--pipeline", FAILING, "--run-dir", run_dir, "--no-report", "--set", "boom.mode=nap_once", "--stall-timeout", "4")
+    assert result.returncode == 0, result
+    assert "boom: the kernel stalled in cell 5 (no CPU for 4 s); running the stage again" in result.stdout, result
+    manifest = read(run_dir / "boom" / "manifest.json")
+    assert (manifest["status"], manifest["attempt"]) == ("ok", 2)  # the second attempt, in the same folder
+    assert (run_dir / "boom" / "napped").read_text() == "the first attempt slept here"
+    assert manifest["duration_s"] < 60  # the retry did not nap (the first attempt's sleep is 600 s)
+
+
+def test_a_stalled_kernel_fails_the_stage_when_no_retry_is_left(tmp_path):
+    from slm_bench.core.errors import StageFailed
+    from slm_bench.pipeline.runner import RunOptions, plan_run, run_pipeline
+
+    run_dir, log = tmp_path / "run", []
+    plan = plan_run(RunOptions(FAILING, run_dir, sets=["boom.mode=nap_once"], stall_timeout=4, stall_retries=0))
+    with pytest.raises(StageFailed, match=r"stage 'boom' failed \(stalled\) in cell 5 of"):
+        run_pipeline(plan, log=log.append)
+    error = read(run_dir / "boom" / "manifest.json")["error"]
+    assert (error["kind"], error["ename"]) == ("stalled", "KernelStalled")
+    assert error["evalue"].startswith("the kernel's processes used no CPU for 4 s while a cell ran")

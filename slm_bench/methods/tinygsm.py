@@ -18,8 +18,10 @@ from ..lm.packing import pack, prompt_completion_example
 
 # %% auto #0
 __all__ = ['STOP_STRINGS', 'record_problems', 'program_body', 'sft_examples', 'tinygsm_prompts', 'sample_solutions',
-           'judge_solutions', 'label_solutions', 'Trained', 'train_generator', 'train_verifier', 'verifier_picks',
-           'verifier_on_mixed', 'evaluate_generator']
+           'judge_solutions', 'mixed_temperature_samples', 'label_solutions', 'Trained', 'train_generator',
+           'train_verifier', 'pretrain_config', 'sft_config', 'verifier_config', 'pretrain_generator',
+           'label_checkpoints', 'PairRecipe', 'Pair', 'train_pair', 'verifier_picks', 'verifier_on_mixed',
+           'evaluate_generator']
 
 # %% ../../nbs/methods/00_tinygsm.ipynb #ddf1c9c7
 def record_problems(records: Sequence[dict]) -> list[Problem]:
@@ -63,6 +65,21 @@ def sample_solutions(sampler, problems: Sequence[Problem], n: int, temperature: 
 def judge_solutions(problems: Sequence[Problem], groups: Sequence[Sequence], sandbox) -> list[list[Judgement]]:
     "Run every sampled program (TinyGSM's oracle, in `sandbox`); verdicts grouped like the samples."
     return judge_groups(TinyGSMPython(), problems, groups, sandbox)
+
+
+def mixed_temperature_samples(sampler, problems: Sequence[Problem], n: int, temperatures: float | Sequence[float],
+                              max_new_tokens: int = 160, seed: int = 0) -> list[list]:
+    """`n` samples per problem split evenly over `temperatures` (TinyGSM mixes 0.5 and 0.7; the first temperatures
+    take the remainder), each temperature with its own seed; a problem's group lists them temperature by temperature."""
+    temperatures = [temperatures] if isinstance(temperatures, (int, float)) else list(temperatures)
+    if not temperatures or n < len(temperatures):
+        raise BadInput(f"{n} samples cannot be split over temperatures {temperatures}: give at least one sample to each")
+    counts = [n // len(temperatures) + (i < n % len(temperatures)) for i in range(len(temperatures))]
+    groups = [[] for _ in problems]
+    for t, (temperature, count) in enumerate(zip(temperatures, counts)):
+        for group, part in zip(groups, sample_solutions(sampler, problems, count, temperature, max_new_tokens, seed=seed + t)):
+            group.extend(part)
+    return groups
 
 # %% ../../nbs/methods/00_tinygsm.ipynb #f1249d47
 def label_solutions(sampler, problems: Sequence[Problem], n: int, temperatures: Sequence[float], sandbox, *,
@@ -120,6 +137,136 @@ def train_verifier(verifier, tokenizer, examples: list[dict], config, out, seq_l
 
     return _train(verifier, TokenVerifierObjective(), examples, tokenizer, config, out, seq_len)
 
+# %% ../../nbs/methods/00_tinygsm.ipynb #22f11abd
+def pretrain_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: int, seed: int = 0, progress: bool = True):
+    "The pretrain stage's optimiser settings (Llama 2's AdamW, cosine to 10%, clip 1.0)."
+    from slm_bench.train.engine import TrainConfig
+
+    return TrainConfig(steps=steps, micro_batch_size=micro_batch_size, lr=lr, warmup_steps=warmup_steps, schedule="cosine", min_lr_ratio=0.1,
+                       betas=(0.9, 0.95), eps=1e-5, weight_decay=0.1, grad_clip=1.0, seed=seed, checkpoint_every=100, progress=progress)
+
+
+def sft_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: int, checkpoint_at: Sequence[int] = (), seed: int = 0,
+               progress: bool = True):
+    "The SFT stage's optimiser settings; `checkpoint_at` names the steps kept for the verifier's label diversity."
+    from slm_bench.train.engine import TrainConfig
+
+    return TrainConfig(steps=steps, micro_batch_size=micro_batch_size, lr=lr, warmup_steps=warmup_steps, schedule="cosine", min_lr_ratio=0.1,
+                       weight_decay=0.1, grad_clip=1.0, seed=seed, checkpoint_at=tuple(checkpoint_at), checkpoint_every=100, progress=progress)
+
+
+def verifier_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: int, seed: int = 0, progress: bool = True):
+    "The verifier stage's optimiser settings."
+    from slm_bench.train.engine import TrainConfig
+
+    return TrainConfig(steps=steps, micro_batch_size=micro_batch_size, lr=lr, warmup_steps=warmup_steps, schedule="cosine", seed=seed,
+                       progress=progress)
+
+
+def pretrain_generator(model, tokenizer, rows: Sequence[dict], config, out) -> Trained:
+    "Causal-LM pretraining on already packed rows (the mixture stage's), as the pretrain stage does."
+    from slm_bench.train.engine import CausalLM, PackedRows, Trainer
+
+    trainer = Trainer(model, CausalLM(), PackedRows(list(rows), config.micro_batch_size, config.seed), config, out, tokenizer)
+    last = trainer.train()
+    return Trained(trainer.accelerator.unwrap_model(trainer.model), last, len(rows), len(rows))
+
+
+def label_checkpoints(samplers: Sequence[tuple[str, object]], problems: Sequence[Problem], samples_per_question: int,
+                      temperatures: Sequence[float], sandbox, *, dedup: bool = True, level: str = "token", max_new_tokens: int = 160,
+                      seed: int = 0) -> tuple[list[dict], int]:
+    """Labelled solutions from each `(name, sampler)` in turn (TinyGSM mixes generator checkpoints for diversity):
+    `samples_per_question` per checkpoint, split over `temperatures`; with `dedup` a solution already labelled for
+    a question (from any checkpoint) is kept once. Rows carry their checkpoint's name; also returns the repeats dropped."""
+    seen = set() if dedup else None
+    rows, repeats = [], 0
+    for c, (name, sampler) in enumerate(samplers):
+        got, dropped = label_solutions(sampler, problems, max(1, samples_per_question // len(temperatures)), temperatures, sandbox,
+                                       max_new_tokens=max_new_tokens, seed=seed + 100 * c, level=level, seen=seen)
+        rows += [{**row, "checkpoint": name} for row in got]
+        repeats += dropped
+    return rows, repeats
+
+# %% ../../nbs/methods/00_tinygsm.ipynb #5625bd6a
+@dataclass(frozen=True)
+class PairRecipe:
+    """Everything that trains a generator/verifier pair except its shape: the `pretrain`, `sft` and `verifier`
+    stages' settings (`from_parameters` takes them from those stages' recorded parameters)."""
+    pretrain: dict  # steps, micro_batch_size, lr, warmup_steps
+    sft: dict  # steps, micro_batch_size, seq_len, lr, warmup_steps, checkpoint_at
+    verifier: dict  # questions, samples_per_question, temperatures, use_checkpoints, dedup, level, head_only, from_scratch, steps, ...
+    seed: int = 0
+
+    KEYS = {"pretrain": ("steps", "micro_batch_size", "lr", "warmup_steps"),
+            "sft": ("steps", "micro_batch_size", "seq_len", "lr", "warmup_steps", "checkpoint_at"),
+            "verifier": ("questions", "samples_per_question", "temperatures", "use_checkpoints", "dedup", "level", "head_only",
+                         "from_scratch", "steps", "micro_batch_size", "seq_len", "lr", "warmup_steps", "max_new_tokens")}
+
+    @classmethod
+    def from_parameters(cls, pretrain: dict, sft: dict, verifier: dict, seed: int = 0) -> "PairRecipe":
+        "The recipe from the three stages' parameters (extra keys, such as the model shape, are left out)."
+        picked = {}
+        for stage, params in (("pretrain", pretrain), ("sft", sft), ("verifier", verifier)):
+            missing = [k for k in cls.KEYS[stage] if k not in params]
+            if missing:
+                raise BadInput(f"the {stage} stage's parameters lack {', '.join(missing)}: rerun it with the current notebook")
+            picked[stage] = {k: params[k] for k in cls.KEYS[stage]}
+        return cls(**picked, seed=seed)
+
+    def as_dict(self) -> dict:
+        return {"pretrain": dict(self.pretrain), "sft": dict(self.sft), "verifier": dict(self.verifier), "seed": self.seed}
+
+
+@dataclass
+class Pair:
+    "A generator and the verifier trained on its own labelled samples, with what went into them."
+    generator: object
+    verifier: object
+    shape: dict
+    recipe: dict
+    labelled: int
+    positive_rate: float
+    parameters: int
+
+
+def _named_checkpoints(out) -> list:
+    from pathlib import Path
+
+    return sorted(p / "model" for p in (Path(out) / "checkpoints").glob("step-*") if (p / "model").is_dir())
+
+
+def train_pair(shape, tokenizer, pretrain_rows: Sequence[dict], records: Sequence[dict], verifier_problems: Sequence[Problem],
+               recipe: PairRecipe, sandbox, out, progress: bool = False) -> Pair:
+    """Pretrain a fresh model of `shape` on the packed rows, fine-tune it on `records`, label its own samples (and its
+    named checkpoints') on the verifier questions and train its verifier: the pipeline's recipe, at another size."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from slm_bench.infer.sampling import HFSampler
+    from slm_bench.lm.models import create_model
+    from slm_bench.train.verifier import VerifierModel
+
+    out, p, s, v, seed = Path(out), recipe.pretrain, recipe.sft, recipe.verifier, recipe.seed
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = create_model(shape, seed=seed, **ids)
+    model = pretrain_generator(model, tokenizer, pretrain_rows, pretrain_config(p["steps"], p["micro_batch_size"], p["lr"], p["warmup_steps"],
+                                                                                seed, progress), out / "pretrain").model
+    generator = train_generator(model, tokenizer, records, sft_config(s["steps"], s["micro_batch_size"], s["lr"], s["warmup_steps"],
+                                                                      s["checkpoint_at"], seed, progress), out / "sft", seq_len=s["seq_len"]).model
+    samplers = [("final", HFSampler(generator, tokenizer))]
+    if v["use_checkpoints"]:
+        samplers += [(path.parent.name, HFSampler(AutoModelForCausalLM.from_pretrained(path), tokenizer)) for path in _named_checkpoints(out / "sft")]
+    rows, _ = label_checkpoints(samplers, verifier_problems[:v["questions"]], v["samples_per_question"], v["temperatures"], sandbox,
+                                dedup=v["dedup"], level=v["level"], max_new_tokens=v["max_new_tokens"], seed=seed)
+    base = create_model(shape, seed=seed, **ids) if v["from_scratch"] else generator
+    verifier = train_verifier(VerifierModel.from_generator(base, head_only=v["head_only"]), tokenizer, [r["example"] for r in rows],
+                              verifier_config(v["steps"], v["micro_batch_size"], v["lr"], v["warmup_steps"], seed, progress),
+                              out / "verifier", seq_len=v["seq_len"]).model
+    return Pair(generator, verifier, asdict(shape), recipe.as_dict(), len(rows), sum(r["label"] for r in rows) / max(1, len(rows)),
+                sum(x.numel() for x in generator.parameters()))
+
 # %% ../../nbs/methods/00_tinygsm.ipynb #c66632c2
 def verifier_picks(verifier, tokenizer, problems: Sequence[Problem], groups: Sequence[Sequence], judged: Sequence[Sequence[Judgement]]) -> list[bool]:
     "Best-of-N by the verifier: whether its top-scored solution of each problem is correct."
@@ -147,24 +294,26 @@ def _answer_key(judgement: Judgement):
     return value if value is None else Fraction(value).limit_denominator(10**6)
 
 
-def evaluate_generator(sampler, problems: Sequence[Problem], sandbox, n: int = 8, k: int = 8, temperature: float = 0.7,
+def evaluate_generator(sampler, problems: Sequence[Problem], sandbox, n: int = 8, k: int = 8, temperature: float | Sequence[float] = 0.7,
                        verifier=None, seed: int = 0, max_new_tokens: int = 160) -> dict:
-    "Greedy pass@1, pass@k, maj@k and (with a verifier) verify@N@1 on `problems`; per-problem details too."
+    """Greedy pass@1, pass@k, maj@k and (with a verifier) verify@N@1 on `problems`; per-problem details too.
+    The N candidates are drawn at `temperature`, or split evenly over a list of temperatures (TinyGSM: 0.5 and 0.7)."""
     greedy = judge_solutions(problems, sample_solutions(sampler, problems, 1, 0.0, max_new_tokens, seed), sandbox)
     correct_greedy = [g[0].correct for g in greedy]
-    result = {"problems": len(problems), "pass@1": accuracy_ci(correct_greedy), "by_steps": {}}
+    result = {"problems": len(problems), "pass@1": accuracy_ci(correct_greedy), "by_steps": {}, "greedy_correct": correct_greedy}
     steps = defaultdict(list)
     for p, ok in zip(problems, correct_greedy):
         steps[p.row.get("steps", 0)].append(ok)
     result["by_steps"] = {int(s): {"n": len(v), "accuracy": sum(v) / len(v)} for s, v in sorted(steps.items())}
     if n > 1:
-        groups = sample_solutions(sampler, problems, n, temperature, max_new_tokens, seed + 1)
+        groups = mixed_temperature_samples(sampler, problems, n, temperature, max_new_tokens, seed + 1)
         judged = judge_solutions(problems, groups, sandbox)
         result[f"pass@{k}"] = mean_pass_at_k([(len(j), sum(x.correct for x in j)) for j in judged], k)
         result["sample_accuracy"] = sum(x.correct for j in judged for x in j) / sum(len(j) for j in judged)
         result[f"maj@{k}"] = maj_at_k([[_answer_key(x) for x in j] for j in judged], [Fraction(p.gold) for p in problems], k)
         if verifier is not None:
             picks = verifier_picks(verifier, sampler.tokenizer, problems, groups, judged)
+            result["picked_correct"] = picks
             result[f"verify@{n}@1"] = accuracy_ci(picks)
             result["verify_minus_greedy"] = paired_difference_ci(picks, correct_greedy)
             result["verifier_on_mixed"] = verifier_on_mixed(picks, judged)

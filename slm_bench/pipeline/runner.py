@@ -29,10 +29,11 @@ from .stages import Stage, discover_stages, recipe_stages, select_stages
 from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256_json
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'RunInterrupted', 'ensure_kernel', 'RunOptions', 'Plan',
-           'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell', 'describe_failure',
-           'failure_message', 'prepare_stage_dir', 'kernel_environment', 'execute_stage', 'build_summary',
-           'run_metrics', 'run_dir_lock', 'interrupt_stops_kernels', 'log_results', 'run_pipeline', 'run_command_line']
+__all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions',
+           'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell',
+           'describe_failure', 'failure_message', 'prepare_stage_dir', 'kernel_environment', 'interrupt_stops_kernels',
+           'stall_watchdog', 'execute_stage', 'build_summary', 'run_metrics', 'run_dir_lock', 'log_results',
+           'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -42,6 +43,10 @@ LOCK = ".lock"
 
 class MissingOutputs(Exception):
     "A stage notebook ran to the end without writing every output its STAGE declares."
+
+
+class KernelStalled(Exception):
+    "The stage kernel's processes used no CPU for the stall timeout while a cell was running; the watchdog stopped it."
 
 
 class RunInterrupted(SlmBenchError):
@@ -82,6 +87,8 @@ class RunOptions:
     sets: list[str] = field(default_factory=list)
     force: bool = False
     cell_timeout: float | None = None  # seconds per cell; None: no limit
+    stall_timeout: float | None = 600.0  # kill a kernel whose process tree used no CPU this long (then retry); None: never
+    stall_retries: int = 1  # how often a stalled stage is run again
     progress: bool = False  # papermill's per-cell progress bar
     command: str = ""
 
@@ -117,6 +124,8 @@ def plan_run(options: RunOptions) -> Plan:
         _check_not_file(options.report_dir, "report dir")
     if options.cell_timeout is not None and options.cell_timeout <= 0:
         raise BadInput(f"--cell-timeout must be positive, got {options.cell_timeout}")
+    if options.stall_timeout is not None and options.stall_timeout <= 0:
+        raise BadInput(f"--stall-timeout must be positive, got {options.stall_timeout}")
     profile = get_profile(options.profile)
     stages = discover_stages(options.pipeline_dir)
     if options.recipes is not None and options.stages is not None:
@@ -185,6 +194,8 @@ def describe_failure(stage: Stage, error: BaseException, executed: Path, cell_ti
         kind, ename, evalue = "timeout", "CellTimeoutError", f"a cell ran longer than --cell-timeout {cell_timeout:g} s"
     elif isinstance(error, DeadKernelError):
         kind, ename, evalue = "dead kernel", "DeadKernelError", "the kernel died (out of memory, a crash, or os._exit)"
+    elif isinstance(error, KernelStalled):
+        kind, ename, evalue = "stalled", "KernelStalled", str(error)
     elif isinstance(error, MissingOutputs):
         kind, ename, evalue = "missing outputs", "MissingOutputs", str(error)
         cell, first_line = None, ""
@@ -246,6 +257,96 @@ def kernel_environment():
         if saved is not None:
             os.environ["MPLBACKEND"] = saved
 
+# %% ../../nbs/pipeline/02_runner.ipynb #646850a3
+def _child_pids() -> list[int]:
+    "This process's direct children (the stage kernels), from /proc; empty where there is no /proc."
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            children.append(int(stat.parent.name))
+    return children
+
+
+@contextlib.contextmanager
+def interrupt_stops_kernels():
+    """Ctrl-C stops the stage for sure: the handler also kills the stage kernel, so a KeyboardInterrupt that
+    papermill's event loop swallows still ends the stage (as a dead kernel). Yields an Event set on Ctrl-C."""
+    import signal
+    import threading
+
+    interrupted = threading.Event()
+
+    def on_interrupt(signum, frame):
+        interrupted.set()
+        for pid in _child_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+# %% ../../nbs/pipeline/02_runner.ipynb #1a67eda0
+def _tree_cpu_seconds(pid: int) -> float:
+    "CPU seconds used by process `pid` and its descendants: the live ones, and those that exited and were reaped."
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            t = process.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+@contextlib.contextmanager
+def stall_watchdog(stall_s: float | None, poll_s: float = 1.0, min_cpu_s: float = 0.5):
+    """While the block runs, kill this process's children (the stage kernel) when their process trees together
+    used under `min_cpu_s` CPU seconds for `stall_s` seconds. Yields an Event set when it fired; `None` never fires."""
+    import signal
+    import threading
+
+    stalled, done = threading.Event(), threading.Event()
+
+    def watch():
+        kernels, cpu, since = None, 0.0, time.monotonic()
+        while not done.wait(poll_s):
+            now_kernels = sorted(_child_pids())
+            now_cpu, now = sum(_tree_cpu_seconds(pid) for pid in now_kernels), time.monotonic()
+            if now_kernels != kernels or now_cpu - cpu >= min_cpu_s:  # a new kernel, or work done: start counting again
+                kernels, cpu, since = now_kernels, now_cpu, now
+            elif kernels and now - since >= stall_s:
+                stalled.set()
+                for pid in kernels:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+
+    watcher = threading.Thread(target=watch, name="stall-watchdog", daemon=True) if stall_s else None
+    if watcher:
+        watcher.start()
+    try:
+        yield stalled
+    finally:
+        done.set()
+        if watcher:
+            watcher.join()
+
 # %% ../../nbs/pipeline/02_runner.ipynb #2182a6de
 def _running_manifest(plan: Plan, stage: Stage, key: str, attempt: int, inputs: dict[str, str], started: str) -> dict:
     "The manifest of a stage as it starts: what it runs (notebook, parameters, inputs), where, and with which software."
@@ -300,7 +401,7 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
-        with kernel_environment() as kernel_config:
+        with kernel_environment() as kernel_config, stall_watchdog(options.stall_timeout) as stalled:
             pm.execute_notebook(
                 str(stage.notebook), str(executed),
                 parameters={**params, "run_dir": str(options.run_dir), "out_dir": str(folder)},
@@ -309,6 +410,9 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
             )
     except (PapermillExecutionError, CellTimeoutError, DeadKernelError) as e:
         error = e
+    if stalled.is_set():
+        error = KernelStalled(f"the kernel's processes used no CPU for {options.stall_timeout:g} s while a cell ran (a reply lost "
+                              "between kernel and client, nbclient #312, or a wait on nothing); the watchdog stopped it")
     duration = time.perf_counter() - clock
     if error is None:
         error = _missing_outputs(stage, folder)
@@ -367,45 +471,6 @@ def run_dir_lock(run_dir: Path):
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-# %% ../../nbs/pipeline/02_runner.ipynb #646850a3
-def _child_pids() -> list[int]:
-    "This process's direct children (the stage kernels), from /proc; empty where there is no /proc."
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            children.append(int(stat.parent.name))
-    return children
-
-
-@contextlib.contextmanager
-def interrupt_stops_kernels():
-    """Ctrl-C stops the stage for sure: the handler also kills the stage kernel, so a KeyboardInterrupt that
-    papermill's event loop swallows still ends the stage (as a dead kernel). Yields an Event set on Ctrl-C."""
-    import signal
-    import threading
-
-    interrupted = threading.Event()
-
-    def on_interrupt(signum, frame):
-        interrupted.set()
-        for pid in _child_pids():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
-        yield interrupted
-        return
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
 # %% ../../nbs/pipeline/02_runner.ipynb #f456db46
 def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
     names = [k for k in stage.key_metrics if k in metrics] or [k for k, v in metrics.items() if isinstance(v, (int, float))][:limit]
@@ -421,15 +486,21 @@ def log_results(run_dir: Path, log: Callable[[str], None]) -> None:
         log("\nresults (slm-bench compare " + str(run_dir) + "):\n\n" + compare_markdown(tables))
 
 # %% ../../nbs/pipeline/02_runner.ipynb #31eca540
-def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], page: Path | None, interrupted) -> dict:
-    "`execute_stage`, except that a stage whose kernel Ctrl-C killed (`interrupted`, an Event, is set) is unfinished (a `KeyboardInterrupt`), not failed."
-    try:
-        return execute_stage(plan, stage, key, inputs, page)
-    except StageFailed:
-        if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
-            (plan.options.run_dir / stage.name / MANIFEST).unlink(missing_ok=True)
-            raise KeyboardInterrupt from None
-        raise
+def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], page: Path | None, interrupted,
+                          log: Callable[[str], None] = print) -> dict:
+    """`execute_stage`, except that a stage whose kernel Ctrl-C killed (`interrupted`, an Event, is set) is unfinished
+    (a `KeyboardInterrupt`), not failed, and that a stalled stage runs again (`stall_retries` times), resuming in its folder."""
+    for retry in range(plan.options.stall_retries + 1):
+        try:
+            return execute_stage(plan, stage, key, inputs, page)
+        except StageFailed:
+            if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
+                (plan.options.run_dir / stage.name / MANIFEST).unlink(missing_ok=True)
+                raise KeyboardInterrupt from None
+            failure = read_json(plan.options.run_dir / stage.name / MANIFEST, {}).get("error", {})
+            if failure.get("kind") != "stalled" or retry == plan.options.stall_retries:
+                raise
+            log(f"    {stage.name}: the kernel stalled in cell {failure.get('cell')} (no CPU for {plan.options.stall_timeout:g} s); running the stage again")
 
 # %% ../../nbs/pipeline/02_runner.ipynb #c0880cb6
 def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
@@ -468,7 +539,7 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log(f"{tag}  running ...")
             page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
             try:
-                manifest = _execute_or_interrupt(plan, stage, key, inputs, page, interrupted)
+                manifest = _execute_or_interrupt(plan, stage, key, inputs, page, interrupted, log)
             except StageFailed:
                 actions[name] = "failed"
                 log(f"{tag}  FAILED")
