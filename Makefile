@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help setup js-assets sandbox-deps run test check-sync nbdev-test pytest lab bench export report clean-runs
+.PHONY: help setup js-assets sandbox-deps run ablation-validate test check-sync nbdev-test pytest lab bench export report clean-runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -27,6 +27,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make run      run every recipe on the embedded tiny world (CPU) and print the report path"
 	@echo "make run RECIPE=phi4   one recipe (and the stages it needs)"
+	@echo "make ablation-validate   after make run: TinyGSM's unvalidated data against curate.validate_answers=true, one table"
 	@echo "make test     notebook/library sync check, nbdev_test, then pytest"
 	@echo "make lab      JupyterLab with the slm-bench kernel"
 	@echo "make bench    benchmarks (slm-bench bench)"
@@ -74,6 +75,13 @@ test: $(STAMP) sandbox-deps
 	$(BIN)/python tests/nbdev_sync.py
 	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(stages|[_.].*)$$'
 	$(BIN)/python -m pytest tests
+# TinyGSM keeps the teacher's solutions unchecked (curate's default); the ablation validates them. It reruns the chain
+# from curate to evaluate into $(RUN)-validated and writes one table beside the default run (which make run made).
+ablation-validate: $(STAMP) sandbox-deps
+	@test -f $(RUN)/evaluate/manifest.json || { echo "run make run first: the ablation is compared with $(RUN)"; exit 2; }
+	$(BIN)/slm-bench run --profile $(PROFILE) --run-dir $(RUN)-validated --set curate.validate_answers=true \
+	  --stages synth,curate,mixture,pretrain,sft,verifier,evaluate
+	$(BIN)/slm-bench compare $(RUN) $(RUN)-validated --out reports/ablation-validate-answers.html
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"

@@ -314,19 +314,33 @@ def _tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def _stage_kernels(since: float) -> list[int]:
+    "This process's children that run an IPython kernel and started at or after `since` (epoch seconds)."
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.create_time() >= since - 1 and "ipykernel_launcher" in child.cmdline():
+                found.append(child.pid)
+    return sorted(found)
+
+
 @contextlib.contextmanager
-def stall_watchdog(stall_s: float | None, poll_s: float = 1.0, min_cpu_s: float = 0.5):
-    """While the block runs, kill this process's children (the stage kernel) when their process trees together
-    used under `min_cpu_s` CPU seconds for `stall_s` seconds. Yields an Event set when it fired; `None` never fires."""
+def stall_watchdog(stall_s: float | None, poll_s: float = 1.0, min_cpu_s: float = 0.5, watched: Callable[[], list[int]] | None = None):
+    """While the block runs, kill the stage kernel (`watched()`; default: the kernels this process started meanwhile)
+    when its process tree used under `min_cpu_s` CPU seconds for `stall_s` seconds. Yields an Event set when it
+    fired; `stall_s=None` never fires."""
     import signal
     import threading
 
-    stalled, done = threading.Event(), threading.Event()
+    stalled, done, started = threading.Event(), threading.Event(), time.time()
+    watched = watched or (lambda: _stage_kernels(started))
 
     def watch():
         kernels, cpu, since = None, 0.0, time.monotonic()
         while not done.wait(poll_s):
-            now_kernels = sorted(_child_pids())
+            now_kernels = sorted(watched())
             now_cpu, now = sum(_tree_cpu_seconds(pid) for pid in now_kernels), time.monotonic()
             if now_kernels != kernels or now_cpu - cpu >= min_cpu_s:  # a new kernel, or work done: start counting again
                 kernels, cpu, since = now_kernels, now_cpu, now
