@@ -314,14 +314,14 @@ def _tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def _stage_kernels(since: float) -> list[int]:
-    "This process's children that run an IPython kernel and started at or after `since` (epoch seconds)."
+def _kernel_children() -> list[int]:
+    "This process's children that run an IPython kernel."
     import psutil
 
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if child.create_time() >= since - 1 and "ipykernel_launcher" in child.cmdline():
+            if "ipykernel_launcher" in child.cmdline():
                 found.append(child.pid)
     return sorted(found)
 
@@ -334,8 +334,10 @@ def stall_watchdog(stall_s: float | None, poll_s: float = 1.0, min_cpu_s: float 
     import signal
     import threading
 
-    stalled, done, started = threading.Event(), threading.Event(), time.time()
-    watched = watched or (lambda: _stage_kernels(started))
+    stalled, done = threading.Event(), threading.Event()
+    if watched is None:  # the kernels started meanwhile (not by start time: a VM's process start times can be off by seconds)
+        before = set(_kernel_children())
+        watched = lambda: [pid for pid in _kernel_children() if pid not in before]
 
     def watch():
         kernels, cpu, since = None, 0.0, time.monotonic()
