@@ -77,36 +77,45 @@ class PTSConfig:
         if self.split not in ("logprob", "index"):
             raise BadInput(f"split must be 'logprob' or 'index', got {self.split!r}")
 
-    def looks(self) -> list[int]:
-        "The rollout counts at which a comparison may be examined: first_look, doubling, up to `rollouts` and on to `leaf_rollouts` (fixed: N alone)."
-        if not self.adaptive:
-            return [self.rollouts]
-        n, schedule = min(self.first_look, self.rollouts), []
-        while n < self.rollouts:
-            schedule.append(n)
-            n *= 2
-        schedule.append(self.rollouts)
-        while schedule[-1] < self.leaf_rollouts:
-            schedule.append(min(2 * schedule[-1], self.leaf_rollouts))
-        return schedule
+# %% ../../nbs/methods/04_pts.ipynb #a588f72e
+def _looks(self: PTSConfig) -> list[int]:
+    "The rollout counts at which a comparison may be examined: first_look, doubling, up to `rollouts` and on to `leaf_rollouts` (fixed: N alone)."
+    if not self.adaptive:
+        return [self.rollouts]
+    n, schedule = min(self.first_look, self.rollouts), []
+    while n < self.rollouts:
+        schedule.append(n)
+        n *= 2
+    schedule.append(self.rollouts)
+    while schedule[-1] < self.leaf_rollouts:
+        schedule.append(min(2 * schedule[-1], self.leaf_rollouts))
+    return schedule
 
-    def level(self) -> float | None:
-        "The error rate of each look's interval: delta shared over the looks (union bound); None for point estimates."
-        return self.delta / len(self.looks()) if self.adaptive else None
 
-    def fresh(self) -> "PTSConfig":
-        "The same settings under another seed: rollouts independent of this search's, for deciding pairs."
-        return replace(self, seed=self.seed + FRESH_SEED_OFFSET)
+def _level(self: PTSConfig) -> float | None:
+    "The error rate of each look's interval: delta shared over the looks (union bound); None for point estimates."
+    return self.delta / len(self.looks()) if self.adaptive else None
 
-    def sampling(self, n: int, first_sample: int) -> SamplingParams:
-        "Rollout sampling parameters for samples first_sample .. first_sample + n - 1 of a prefix."
-        return SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                              stop=list(self.stop), seed=self.seed, content_seeds=True, first_sample=first_sample)
 
-    def estimate_fingerprint(self) -> dict:
-        "The settings an estimate of p depends on (a memo made under others is not reused)."
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
-                "stop": list(self.stop), "seed": self.seed}
+def _fresh(self: PTSConfig) -> "PTSConfig":
+    "The same settings under another seed: rollouts independent of this search's, for deciding pairs."
+    return replace(self, seed=self.seed + FRESH_SEED_OFFSET)
+
+
+def _sampling(self: PTSConfig, n: int, first_sample: int) -> SamplingParams:
+    "Rollout sampling parameters for samples first_sample .. first_sample + n - 1 of a prefix."
+    return SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                          stop=list(self.stop), seed=self.seed, content_seeds=True, first_sample=first_sample)
+
+
+def _estimate_fingerprint(self: PTSConfig) -> dict:
+    "The settings an estimate of p depends on (a memo made under others is not reused)."
+    return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
+            "stop": list(self.stop), "seed": self.seed}
+
+
+PTSConfig.looks, PTSConfig.level, PTSConfig.fresh = _looks, _level, _fresh
+PTSConfig.sampling, PTSConfig.estimate_fingerprint = _sampling, _estimate_fingerprint
 
 # %% ../../nbs/methods/04_pts.ipynb #be01e547
 @dataclass
@@ -276,14 +285,14 @@ class SolutionSearch:
                 points.append((i, stats.p, stats.trials))
         return points
 
-# %% ../../nbs/methods/04_pts.ipynb #e4cfd51a
+# %% ../../nbs/methods/04_pts.ipynb #aaf13b7a
 def _pivot(s: SolutionSearch, i: int, n: int, estimator: Estimator, config: PTSConfig) -> Pivot:
     "The pivot at position i, with the estimates (first n rollouts) and difference interval its decision was taken on."
     before, after = estimator.stats(s.question, s.prefix(i)).first(n), estimator.stats(s.question, s.prefix(i + 1)).first(n)
     low, high = difference_interval(before, after, config.level()) if config.adaptive else (float("nan"), float("nan"))
     return Pivot(s.question.id, i, s.tokens[i], before.p, after.p, math.exp(s.logprobs[i]), before.trials, after.trials, low, high)
 
-# %% ../../nbs/methods/04_pts.ipynb #aaf13b7a
+
 def settle(comparisons: list, estimator: Estimator, config: PTSConfig, rule: Callable, caps: list[int] | None = None) -> list[tuple[str, int]]:
     """Decide every comparison ((question, prefix a), (question, prefix b)) by `rule(stats a, stats b, level)`, look by look up to
     its cap (default `rollouts`): both prefixes are sampled up to the look's count (batched across comparisons) and judged on exactly

@@ -20,8 +20,8 @@ from ..lm.packing import pack, prompt_completion_example
 __all__ = ['STOP_STRINGS', 'record_problems', 'program_body', 'sft_examples', 'tinygsm_prompts', 'sample_solutions',
            'judge_solutions', 'mixed_temperature_samples', 'label_solutions', 'Trained', 'train_generator',
            'train_verifier', 'pretrain_config', 'sft_config', 'verifier_config', 'pretrain_generator',
-           'label_checkpoints', 'PairRecipe', 'Pair', 'train_pair', 'verifier_picks', 'verifier_on_mixed',
-           'evaluate_generator']
+           'label_checkpoints', 'PairRecipe', 'Pair', 'named_checkpoints', 'train_pair', 'verifier_picks',
+           'verifier_on_mixed', 'evaluate_generator']
 
 # %% ../../nbs/methods/00_tinygsm.ipynb #ddf1c9c7
 def record_problems(records: Sequence[dict]) -> list[Problem]:
@@ -229,10 +229,11 @@ class Pair:
     parameters: int
 
 
-def _named_checkpoints(out) -> list:
+def named_checkpoints(train_dir) -> list[tuple]:
+    "The named checkpoints a training run kept (`sft_config`'s `checkpoint_at`), as (name, model folder), by step."
     from pathlib import Path
 
-    return sorted(p / "model" for p in (Path(out) / "checkpoints").glob("step-*") if (p / "model").is_dir())
+    return [(p.name, p / "model") for p in sorted((Path(train_dir) / "checkpoints").glob("step-*")) if (p / "model").is_dir()]
 
 
 def train_pair(shape, tokenizer, pretrain_rows: Sequence[dict], records: Sequence[dict], verifier_problems: Sequence[Problem],
@@ -257,7 +258,7 @@ def train_pair(shape, tokenizer, pretrain_rows: Sequence[dict], records: Sequenc
                                                                       s["checkpoint_at"], seed, progress), out / "sft", seq_len=s["seq_len"]).model
     samplers = [("final", HFSampler(generator, tokenizer))]
     if v["use_checkpoints"]:
-        samplers += [(path.parent.name, HFSampler(AutoModelForCausalLM.from_pretrained(path), tokenizer)) for path in _named_checkpoints(out / "sft")]
+        samplers += [(name, HFSampler(AutoModelForCausalLM.from_pretrained(path), tokenizer)) for name, path in named_checkpoints(out / "sft")]
     rows, _ = label_checkpoints(samplers, verifier_problems[:v["questions"]], v["samples_per_question"], v["temperatures"], sandbox,
                                 dedup=v["dedup"], level=v["level"], max_new_tokens=v["max_new_tokens"], seed=seed)
     base = create_model(shape, seed=seed, **ids) if v["from_scratch"] else generator

@@ -258,17 +258,16 @@ def kernel_environment():
             os.environ["MPLBACKEND"] = saved
 
 # %% ../../nbs/pipeline/02_runner.ipynb #646850a3
-def _child_pids() -> list[int]:
-    "This process's direct children (the stage kernels), from /proc; empty where there is no /proc."
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            children.append(int(stat.parent.name))
-    return children
+def _kernel_children() -> list[int]:
+    "This process's children that run an IPython kernel (the stage kernels)."
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "ipykernel_launcher" in child.cmdline():
+                found.append(child.pid)
+    return sorted(found)
 
 
 @contextlib.contextmanager
@@ -282,7 +281,7 @@ def interrupt_stops_kernels():
 
     def on_interrupt(signum, frame):
         interrupted.set()
-        for pid in _child_pids():
+        for pid in _kernel_children():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         raise KeyboardInterrupt
@@ -312,18 +311,6 @@ def _tree_cpu_seconds(pid: int) -> float:
             t = process.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
     return total
-
-
-def _kernel_children() -> list[int]:
-    "This process's children that run an IPython kernel."
-    import psutil
-
-    found = []
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            if "ipykernel_launcher" in child.cmdline():
-                found.append(child.pid)
-    return sorted(found)
 
 
 @contextlib.contextmanager
