@@ -17,19 +17,22 @@ def test_flops_formula():
 
 def test_measurement_agrees_with_a_plain_timing():
     n = 256
-    results = measure_matmul([n], repeats=5, device="cpu", min_time_s=0.02)
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.matmul(a, b)
-    loops = []
-    for _ in range(5):  # a plain loop, timed a few times; its median is the reference
-        start = time.perf_counter()
-        for _ in range(50):
-            torch.matmul(a, b)
-        loops.append((time.perf_counter() - start) / 50)
-    plain = matmul_flops(n) / sorted(loops)[2] / 1e9
+    measured, plain = [], []
+    for _ in range(3):  # interleaved rounds, best of each: a burst of other work on a shared box hits one round, not all
+        results = measure_matmul([n], repeats=5, device="cpu", min_time_s=0.02)
+        measured.append(results[0]["best_gflops"])
+        loops = []
+        for _ in range(5):  # a plain loop, timed a few times
+            start = time.perf_counter()
+            for _ in range(50):
+                torch.matmul(a, b)
+            loops.append((time.perf_counter() - start) / 50)
+        plain.append(matmul_flops(n) / min(loops) / 1e9)
+        assert results[0]["loops_per_repeat"] >= 1 and len(results[0]["seconds"]) == 5
     # the same machine measured two ways must agree within the noise of a shared box (factor 4, STACK.md)
-    assert plain / 4 < results[0]["gflops"] < plain * 4
-    assert results[0]["loops_per_repeat"] >= 1 and len(results[0]["seconds"]) == 5
+    assert max(plain) / 4 < max(measured) < max(plain) * 4
 
 
 def test_device_validation():
