@@ -234,6 +234,24 @@ def test_the_sequential_test_reports_no_noise_pivots_where_n16_does():
     assert [p.position for p in careful.pivots] == [10] * 8  # the coin, in every solution
 
 
+def test_cheap_discovery_then_confirmation_drops_exactly_the_noise_pivots():
+    """The same world: Subdivide on 16-rollout point estimates finds the coin and six noise steps; re-deciding each on fresh
+    rollouts by the sequential test keeps the eight coins alone, each with an interval beyond p_gap, for fewer rollouts."""
+    symbols = "ab+-Q"
+    free, coin = {"a": (0.5, 0), "b": (0.5, 0)}, {"+": (0.5, 1), "-": (0.5, -1)}
+    sampler = ChainSampler({"Q": ChainWorld([free] * 10 + [coin], threshold=1)}, symbols)
+    question = Question("Q", [1, symbols.index("Q") + 2])
+    noisy, cheap, careful = (pivotal_token_search(sampler, ChainOracle(sampler), [question],
+                                                  PTSConfig(max_new_tokens=14, solutions_per_question=8, alternatives=0, **kw))
+                             for kw in ({"rollouts": 16, "adaptive": False}, {"discovery_rollouts": 16}, {}))
+    assert [s.tokens for s in cheap.searches] == [s.tokens for s in noisy.searches]  # the same eight solutions
+    assert noisy.counts["pivots"] == 14 and cheap.counts["pivots_dropped_on_fresh"] == 6  # 14 found at N = 16, 6 of them noise
+    assert [p.position for p in cheap.pivots] == [10] * 8  # the coin, in every solution
+    assert all(p.delta_low >= 0.2 for p in cheap.pivots)  # each kept on the confirmation's interval
+    assert (cheap.counts["rollouts_sampled"], careful.counts["rollouts_sampled"]) == (4208, 9376)  # seed 0
+    assert cheap.counts["rollouts_sampled_confirm"] == 3520 and cheap.counts["rollouts_sampled_pairs"] == 0
+
+
 def test_reference_quality_on_the_chain_world(chain):
     "The reference finds exactly the planted pivots of every searched solution; PTS's precision is 1 and its recall is what it found."
     from slm_bench.methods.pts_quality import QualityConfig, pivot_key, pivot_quality, reference_pivots

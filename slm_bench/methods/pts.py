@@ -17,7 +17,7 @@ from .pts_stats import PrefixStats, compare, difference_interval, direction
 
 # %% auto #0
 __all__ = ['FRESH_SEED_OFFSET', 'subdivide', 'pivotal_tokens', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'Estimator',
-           'Pivot', 'SolutionSearch', 'settle', 'search_all', 'PivotPair', 'build_pairs', 'PTSResult',
+           'Pivot', 'SolutionSearch', 'settle', 'search_all', 'confirm_pivots', 'PivotPair', 'build_pairs', 'PTSResult',
            'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records', 'trl_records']
 
 # %% ../../nbs/methods/04_pts.ipynb #48025824
@@ -53,6 +53,7 @@ class PTSConfig:
     delta: float = 0.05  # adaptive: error rate of each decision (ours)
     first_look: int = 16  # adaptive: rollouts at the first look; each later look doubles them, up to `rollouts` (ours)
     leaf_rollouts: int = 1024  # adaptive: a single token still open at `rollouts` goes on up to this many (ours: steps near p_gap need them)
+    discovery_rollouts: int = 0  # ours: 0 = Subdivide decides by the sequential test; N = Subdivide on N-rollout point estimates, each pivot then re-decided on fresh rollouts by it
     screen_rollouts: int = 16  # rollouts from the bare question that screen it against question_range (ours)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -70,6 +71,8 @@ class PTSConfig:
             raise BadInput(f"p_gap must be in (0, 1] and question_range a (low, high) inside [0, 1]; got {self.p_gap}, {self.question_range}")
         if min(self.rollouts, self.first_look, self.screen_rollouts, self.solutions_per_question) < 1 or not 0 < self.delta < 1 or self.alternatives < 0:
             raise BadInput("rollouts, first_look, screen_rollouts and solutions_per_question must be >= 1, alternatives >= 0 and delta in (0, 1)")
+        if self.discovery_rollouts < 0:
+            raise BadInput(f"discovery_rollouts must be >= 0 (0: the sequential test decides the search), got {self.discovery_rollouts}")
         if self.leaf_rollouts < self.rollouts:
             raise BadInput(f"leaf_rollouts ({self.leaf_rollouts}) must be at least rollouts ({self.rollouts})")
         if self.keep_rollouts < self.solutions_per_question:
@@ -342,6 +345,23 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
         s.leaves.sort()
         s.pivots = [_pivot(s, i, n, estimator, config) for i, j, decision, n in s.leaves if j - i == 1 and decision == "above"]
 
+# %% ../../nbs/methods/04_pts.ipynb #88e6079c
+def confirm_pivots(searches: list[SolutionSearch], fresh: Estimator, config: PTSConfig) -> int:
+    "Keep the pivots that the sequential test on `fresh` rollouts finds moving p by >= p_gap the same way, with that interval; returns how many went."
+    found = [(s, p) for s in searches for p in s.pivots]
+    ends = lambda s, p: ((s.question, s.prefix(p.position)), (s.question, s.prefix(p.position + 1)))
+    decided = settle([ends(s, p) for s, p in found], fresh, config, lambda a, b, level: compare(a, b, config.p_gap, level),
+                     caps=[config.leaf_rollouts] * len(found))
+    kept = {id(s): [] for s in searches}
+    for (s, p), (decision, n) in zip(found, decided):
+        before, after = (fresh.stats(q, prefix).first(n) for q, prefix in ends(s, p))
+        if decision == "above" and (after.p > before.p) == (p.delta > 0):
+            low, high = difference_interval(before, after, config.level())
+            kept[id(s)].append(replace(p, delta_low=low, delta_high=high))
+    for s in searches:
+        s.pivots = kept[id(s)]
+    return len(found) - sum(map(len, kept.values()))
+
 # %% ../../nbs/methods/04_pts.ipynb #2ed55cfd
 @dataclass
 class PivotPair:
@@ -449,13 +469,14 @@ def _screen(questions: Sequence[Question], estimator: Estimator, config: PTSConf
 # %% ../../nbs/methods/04_pts.ipynb #e8083019
 def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question], config: PTSConfig | None = None,
                          memo: ProbabilityMemo | None = None, progress: bool = False, fresh_memo: ProbabilityMemo | None = None) -> PTSResult:
-    "Screen `questions`, run Subdivide on sampled solutions of those in range, and build single-token DPO pairs on fresh rollouts."
+    "Screen `questions`, run Subdivide on sampled solutions of those in range (confirming its pivots when discovery is cheap), and build single-token DPO pairs on fresh rollouts."
     config = config or PTSConfig()
     started = time.perf_counter()
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         raise BadInput("question ids must be unique (the memo is keyed on them)")
-    estimator = Estimator(sampler, oracle, config, memo)
+    search_config = replace(config, adaptive=False, rollouts=config.discovery_rollouts) if config.discovery_rollouts else config
+    estimator = Estimator(sampler, oracle, search_config, memo)
     fresh = Estimator(sampler, oracle, config.fresh(), fresh_memo)
     fresh.judged = estimator.judged  # one oracle cache: a program is executed once
     counts = {"questions": len(questions), "all_wrong": 0, "all_right": 0, "out_of_range": 0, "too_long": 0, "unfinished": 0}
@@ -465,13 +486,16 @@ def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question],
         for s, logprobs in zip(searches, scored):
             s.logprobs = list(logprobs)
         estimator.set_exact([(s.question, list(s.tokens)) for s in searches])
-        search_all(searches, estimator, config, progress)
+        search_all(searches, estimator, search_config, progress)
     search_rollouts = estimator.rollouts_sampled
+    dropped = confirm_pivots(searches, fresh, config) if config.discovery_rollouts else 0
+    confirm_rollouts = fresh.rollouts_sampled
     pairs, unpaired = build_pairs(searches, estimator, config, fresh)
     counts.update(searched_questions=len({s.question.id for s in searches}), solutions=len(searches),
                   pivots=sum(len(s.pivots) for s in searches), undecided_tokens=sum(1 for s in searches for i, j, d, _ in s.leaves if d == "undecided"),
-                  pairs=len(pairs), pivots_without_pair=sum(unpaired.values()), **unpaired,
-                  rollouts_sampled=search_rollouts + fresh.rollouts_sampled, rollouts_sampled_pairs=fresh.rollouts_sampled,
+                  pairs=len(pairs), pivots_without_pair=sum(unpaired.values()), **unpaired, pivots_dropped_on_fresh=dropped,
+                  rollouts_sampled=search_rollouts + fresh.rollouts_sampled, rollouts_sampled_confirm=confirm_rollouts,
+                  rollouts_sampled_pairs=fresh.rollouts_sampled - confirm_rollouts,
                   rollouts_used=estimator.rollouts_used + fresh.rollouts_used, sampler_calls=estimator.sampler_calls + fresh.sampler_calls,
                   programs_judged=estimator.programs_judged + fresh.programs_judged, adaptive_decisions_early=estimator.decisions["early"],
                   adaptive_decisions_at_cap=estimator.decisions["at_cap"], seconds=round(time.perf_counter() - started, 3))
