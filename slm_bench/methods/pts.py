@@ -346,21 +346,24 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
         s.pivots = [_pivot(s, i, n, estimator, config) for i, j, decision, n in s.leaves if j - i == 1 and decision == "above"]
 
 # %% ../../nbs/methods/04_pts.ipynb #88e6079c
+def _pivot_ends(s: SolutionSearch, p: Pivot, token: int) -> tuple:
+    "The comparison (Q + prefix before the pivot, the same prefix + `token`)."
+    return (s.question, s.prefix(p.position)), (s.question, s.prefix(p.position) + (token,))
+
+
 def confirm_pivots(searches: list[SolutionSearch], fresh: Estimator, config: PTSConfig) -> int:
     "Keep the pivots that the sequential test on `fresh` rollouts finds moving p by >= p_gap the same way, with that interval; returns how many went."
     found = [(s, p) for s in searches for p in s.pivots]
-    ends = lambda s, p: ((s.question, s.prefix(p.position)), (s.question, s.prefix(p.position + 1)))
-    decided = settle([ends(s, p) for s, p in found], fresh, config, lambda a, b, level: compare(a, b, config.p_gap, level),
+    decided = settle([_pivot_ends(s, p, p.token) for s, p in found], fresh, config, lambda a, b, level: compare(a, b, config.p_gap, level),
                      caps=[config.leaf_rollouts] * len(found))
-    kept = {id(s): [] for s in searches}
+    for s in searches:
+        s.pivots = []
     for (s, p), (decision, n) in zip(found, decided):
-        before, after = (fresh.stats(q, prefix).first(n) for q, prefix in ends(s, p))
+        before, after = (fresh.stats(q, prefix).first(n) for q, prefix in _pivot_ends(s, p, p.token))
         if decision == "above" and (after.p > before.p) == (p.delta > 0):
             low, high = difference_interval(before, after, config.level())
-            kept[id(s)].append(replace(p, delta_low=low, delta_high=high))
-    for s in searches:
-        s.pivots = kept[id(s)]
-    return len(found) - sum(map(len, kept.values()))
+            s.pivots.append(replace(p, delta_low=low, delta_high=high))
+    return len(found) - sum(len(s.pivots) for s in searches)
 
 # %% ../../nbs/methods/04_pts.ipynb #2ed55cfd
 @dataclass
@@ -400,10 +403,9 @@ def build_pairs(searches: list[SolutionSearch], estimator: Estimator, config: PT
     if config.alternatives == 0:
         counts["pivots_without_alternative"] = len(found)
         return [], counts
-    ends = lambda s, p, token: ((s.question, s.prefix(p.position)), (s.question, s.prefix(p.position) + (token,)))
     way = lambda p, again: ("up" if (p.delta > 0) == again else "down")
     waiting = []
-    for (s, p), (decision, _) in zip(found, settle([ends(s, p, p.token) for s, p in found], fresh, config, direction)):
+    for (s, p), (decision, _) in zip(found, settle([_pivot_ends(s, p, p.token) for s, p in found], fresh, config, direction)):
         if decision != way(p, again=True):
             counts["pivots_not_confirmed"] += 1
             continue
@@ -414,7 +416,7 @@ def build_pairs(searches: list[SolutionSearch], estimator: Estimator, config: PT
         trying = [(s, p, c) for s, p, c in waiting if rank < len(c)]
         counts["pivots_without_alternative"] += len(waiting) - len(trying)
         waiting = []
-        for (s, p, c), (decision, _) in zip(trying, settle([ends(s, p, c[rank]) for s, p, c in trying], fresh, config, direction)):
+        for (s, p, c), (decision, _) in zip(trying, settle([_pivot_ends(s, p, c[rank]) for s, p, c in trying], fresh, config, direction)):
             if decision == way(p, again=False):
                 pairs.append(_pair(s, p, c[rank], fresh))
             else:
