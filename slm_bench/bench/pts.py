@@ -128,13 +128,18 @@ def _timed_rounds(methods: dict, repeats: int) -> tuple[dict, dict]:
 
 def _methods(sampler, tokenizer, oracle, judge_texts, qs: list[Question], texts: dict[str, str], config: PTSConfig,
              baseline_rollouts: int) -> dict:
-    "The three methods as callables returning {'searches', 'pivots' as (search, pivot) pairs, 'rollouts_search'} (screening rollouts excluded)."
+    """The four methods as callables returning {'searches', 'pivots' as (search, pivot) pairs, 'rollouts_search'} (screening
+    rollouts excluded): ours with the sequential test at every step, ours with discovery on `baseline_rollouts`-rollout point
+    estimates then every pivot confirmed by the sequential test (the `pts` stage's default), and the codelion-style baseline
+    in batches of 5 and of N."""
     fixed = replace(config, adaptive=False, rollouts=baseline_rollouts)
 
-    def ours():
-        result = pivotal_token_search(sampler(), oracle, qs, config)
-        return {"searches": result.searches, "pivots": [(s, p) for s in result.searches for p in s.pivots],
-                "rollouts_search": result.counts["rollouts_sampled"] - config.screen_rollouts * len(qs)}
+    def ours(discovery: int):
+        def run():
+            result = pivotal_token_search(sampler(), oracle, qs, replace(config, discovery_rollouts=discovery))
+            return {"searches": result.searches, "pivots": [(s, p) for s in result.searches for p in s.pivots],
+                    "rollouts_search": result.counts["rollouts_sampled"] - config.screen_rollouts * len(qs)}
+        return run
 
     def codelion(batch):
         def run():
@@ -144,7 +149,8 @@ def _methods(sampler, tokenizer, oracle, judge_texts, qs: list[Question], texts:
                     "retokenised_differently": baseline.retokenised_differently}
         return run
 
-    return {"ours": ours, "codelion_style_batch_5": codelion(5), f"codelion_style_batch_{baseline_rollouts}": codelion(baseline_rollouts)}
+    return {"ours": ours(0), f"ours_discovery_{baseline_rollouts}": ours(baseline_rollouts), "codelion_style_batch_5": codelion(5),
+            f"codelion_style_batch_{baseline_rollouts}": codelion(baseline_rollouts)}
 
 # %% ../../nbs/bench/04_pts.ipynb #1e45b9e8
 def _searched(results: dict) -> list[SolutionSearch]:

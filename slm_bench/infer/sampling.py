@@ -15,8 +15,8 @@ from ..lm.packing import left_pad
 
 # %% auto #0
 __all__ = ['Prompt', 'SamplingParams', 'Completion', 'Sampler', 'encode_prompt', 'check_prompts', 'default_stop_ids',
-           'decode_continuation', 'finish_text', 'prompt_generators', 'PromptNoise', 'content_key', 'counter_uniform',
-           'SampleNoise', 'request_seed', 'make_noise', 'sample_from_logits', 'HFSampler']
+           'decode_continuation', 'stop_enders', 'finish_text', 'prompt_generators', 'PromptNoise', 'content_key',
+           'counter_uniform', 'SampleNoise', 'request_seed', 'make_noise', 'sample_from_logits', 'HFSampler']
 
 # %% ../../nbs/infer/01_sampling.ipynb #151844ab
 @dataclass
@@ -116,6 +116,19 @@ def decode_continuation(tokenizer, prompt_ids: Sequence[int], token_ids: Sequenc
     head = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
     full = tokenizer.decode(list(prompt_ids) + list(token_ids), skip_special_tokens=True)
     return full[len(head):] if full.startswith(head) else tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def stop_enders(tokenizer, stop_strings: Sequence[str]) -> frozenset[int] | None:
+    """Token ids whose text, decoded in context (after an ordinary token), holds the last character of one of
+    `stop_strings`: only such a token can complete a stop string, so the decode loop checks for them only after
+    these. None (check after every token) when a stop string ends in a non-ASCII character, which byte-fallback
+    tokens can spell over several tokens."""
+    ends = {s[-1] for s in stop_strings if s}
+    if any(ord(c) > 127 for c in ends):
+        return None
+    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+    vocab = len(tokenizer)
+    return frozenset(i for i in range(vocab) if any(c in decode_continuation(tokenizer, anchor, [i]) for c in ends))
 
 
 def finish_text(tokenizer, token_ids: list[int], stop_strings: list[str], prompt_ids: Sequence[int] = ()) -> tuple[str, bool]:
@@ -266,7 +279,7 @@ class HFSampler:
     "The Sampler contract over a transformers causal LM (CPU or GPU)."
     single_rows_at = 0.5  # lean, content seeds: active rows go on alone once at most this share of the batch is active (0: never; ours)
 
-    def __init__(self, model, tokenizer, mode: str = "auto", max_batch_prompts: int = 64, memory_fraction: float = 0.25,
+    def __init__(self, model, tokenizer, mode: str = "auto", max_batch_prompts: int = 128, memory_fraction: float = 0.25,
                  progress: bool = False):
         from slm_bench.infer.lean import LeanDecoder, lean_support
         from slm_bench.lm.models import check_vocab
@@ -284,6 +297,14 @@ class HFSampler:
         self.mode = mode
         self.lean = LeanDecoder(model) if mode == "lean" else None
         self.max_batch_prompts, self.memory_fraction, self.progress = max_batch_prompts, memory_fraction, progress
+        self._stop_enders: dict[tuple, frozenset[int] | None] = {}
+
+    def enders(self, stop_strings: Sequence[str]) -> frozenset[int] | None:
+        "`stop_enders` for these stop strings, computed once per sampler."
+        key = tuple(stop_strings)
+        if key not in self._stop_enders:
+            self._stop_enders[key] = stop_enders(self.tokenizer, stop_strings)
+        return self._stop_enders[key]
 
     @classmethod
     def from_checkpoint(cls, name_or_path, device: str | None = None, **kwargs) -> "HFSampler":
@@ -386,6 +407,7 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
     rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
     active = [True] * N
     window = max((len(s) for s in params.stop), default=0) + 8
+    enders = self.enders(params.stop) if params.stop else None
     for t in range(max_new):
         token, logprob = sample_from_logits(logits, params, noise)
         for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
@@ -395,7 +417,7 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
             logprobs_out[orig].append(lp)
             if tok in stop_ids:
                 reasons[orig], active[r] = "stop", False
-            elif params.stop and self._stop_string_hit(tokens_out[orig], params, window):
+            elif params.stop and (enders is None or tok in enders) and self._stop_string_hit(tokens_out[orig], params, window):
                 reasons[orig], active[r] = "stop", False
             elif len(tokens_out[orig]) >= caps[orig // params.n]:
                 active[r] = False
