@@ -9,7 +9,7 @@ import torch
 from conftest import SLM_BENCH
 from slm_bench.core.errors import BadInput
 from slm_bench.infer.http import HTTPSampler, RemoteError
-from slm_bench.infer.sampling import HFSampler, SamplingParams
+from slm_bench.infer.sampling import HFSampler, SamplingParams, default_stop_ids
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +230,19 @@ def test_rows_going_on_alone_draw_the_same_samples(tiny_checkpoint, reference, m
     assert len(calls) == 1 and 0 < calls[0] <= 24  # once, with at most half of the 48 rows still running
     assert alone == together
     assert len({len(t) for g in alone for t in g}) > 3  # uneven lengths: the case it exists for
+
+
+def test_checking_stop_strings_only_after_enders_stops_every_sample_where_checking_every_token_does(tiny_checkpoint, reference):
+    "The lean loop looks for stop strings only after tokens that can end one (`stop_enders`); the samples are those of looking after every token."
+    params = SamplingParams(n=16, max_new_tokens=24, seed=3, temperature=1.0, content_seeds=True, stop=[" more", "s ", "3"])
+    prompts = [prompt(reference, text) for text in ("Tom has 3 apples and buys", "Tom has", "Tom has 17 apples")]
+    filtered = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    everywhere = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
+    everywhere._stop_enders[tuple(params.stop)] = None  # None: look after every token
+    ours = [[(c.token_ids, c.finish_reason) for c in g] for g in filtered.generate(prompts, params)]
+    theirs = [[(c.token_ids, c.finish_reason) for c in g] for g in everywhere.generate(prompts, params)]
+    assert ours == theirs
+    assert 0 < len(filtered.enders(params.stop)) < len(reference.tokenizer)  # the filter skips tokens
+    stop_ids = default_stop_ids(reference.tokenizer, params)
+    by_string = sum(reason == "stop" and ids[-1] not in stop_ids for g in ours for ids, reason in g)
+    assert by_string >= 8  # many samples stopped on a string, not on a stop token

@@ -191,8 +191,9 @@ def test_bench_pts_runs_on_a_run_folder(smoke_run):
 
     run_dir, _, _ = smoke_run
     result = bench_pts(str(run_dir), questions=6, baseline_rollouts=8, repeats=1, first_question=0)
-    assert set(result["methods"]) == {"ours", "codelion_style_batch_5", "codelion_style_batch_8"} and result["same_solutions_searched"]
-    assert [len(m["seconds"]) for m in result["methods"].values()] == [1, 1, 1]
+    assert list(result["methods"]) == ["ours", "ours_discovery_8", "codelion_style_batch_5", "codelion_style_batch_8"]
+    assert result["same_solutions_searched"]
+    assert [len(m["seconds"]) for m in result["methods"].values()] == [1, 1, 1, 1]
     assert result["reference"]["solutions"] == result["methods"]["ours"]["solutions_searched"]
     assert (run_dir / "cache" / "pts_reference_memo.jsonl").is_file()
     again = bench_pts(str(run_dir), questions=6, baseline_rollouts=8, repeats=1, first_question=0)
