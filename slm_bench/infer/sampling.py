@@ -127,8 +127,7 @@ def stop_enders(tokenizer, stop_strings: Sequence[str]) -> frozenset[int] | None
     if any(ord(c) > 127 for c in ends):
         return None
     anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
-    vocab = len(tokenizer)
-    return frozenset(i for i in range(vocab) if any(c in decode_continuation(tokenizer, anchor, [i]) for c in ends))
+    return frozenset(i for i in range(len(tokenizer)) if any(c in decode_continuation(tokenizer, anchor, [i]) for c in ends))
 
 
 def finish_text(tokenizer, token_ids: list[int], stop_strings: list[str], prompt_ids: Sequence[int] = ()) -> tuple[str, bool]:
