@@ -94,3 +94,27 @@ def test_the_whole_standard_library_and_the_allowed_packages_import(box):
     assert (r.ok, r.error) == (False, "ModuleNotFoundError")
     r = box.run("import mpmath\ndef f():\n    return str(mpmath.mpf(1) / 4)", entry="f")
     assert (r.ok, r.value) == (True, "0.25")
+
+
+AUDIT_CASES = {  # program -> the kinds of action the audit must report (each attempt fails in the namespaces)
+    "def f():\n    return open('/srv/tiny-world/answer_key.txt').read()": ("file",),
+    "import os\ndef f():\n    return os.listdir('/srv/tiny-world')": ("file",),
+    "import os\ndef f():\n    os.remove('/srv/tiny-world/notes.txt')": ("delete",),
+    "import shutil\ndef f():\n    shutil.rmtree('/srv/tiny-world/backups')": ("delete",),
+    "import socket\ndef f():\n    socket.create_connection(('10.255.255.1', 80), timeout=0.2)": ("network",),
+    "import urllib.request\ndef f():\n    return urllib.request.urlopen('http://answers.tiny-world.invalid').read()": ("network",),
+    "import subprocess\ndef f():\n    subprocess.run(['ls', '/'])": ("process",),
+    "import os\ndef f():\n    os.remove('/srv/x')\n    return open('/srv/y').read()": ("delete",),  # the first attempt ends the program
+    "import csv, email.utils, statistics\ndef f():\n    return statistics.mean([1, 2, 3])": (),  # imports are not actions
+    "def f():\n    x = [i * i for i in range(10)]\n    return sum(x)": (),
+}
+
+
+@pytest.mark.parametrize("code", list(AUDIT_CASES))
+def test_an_audited_program_reports_the_actions_it_attempted(box, code):
+    result = box.run(Program(code, entry="f", audit=True))
+    assert result.actions == AUDIT_CASES[code], result
+
+
+def test_an_unaudited_program_reports_no_actions(box):
+    assert box.run(Program("def f():\n    return open('/etc/hostname').read()", entry="f")).actions == ()

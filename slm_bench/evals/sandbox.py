@@ -34,6 +34,7 @@ class SandboxResult:
     error: str | None = None  # exception type name, or Timeout / Crashed:SIGNAL / WorkerCrashed
     message: str = ""  # the exception message, capped
     duration_s: float = 0.0
+    actions: tuple[str, ...] = ()  # with `Program.audit`: the kinds of action it attempted (file, delete, network, process)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Program:
     code: str
     entry: str | None = None
     timeout: float | None = None  # seconds; None: the sandbox default
+    audit: bool = False  # record the kinds of action the program attempts (`SandboxResult.actions`)
 
 
 def as_program(item: Program | str | dict) -> Program:
@@ -240,6 +242,8 @@ def _job(self: Sandbox, program: Program) -> dict:
     job = {**self.defaults, "id": job_id, "code": program.code, "entry": program.entry}
     if program.timeout:
         job["timeout"] = program.timeout
+    if program.audit:
+        job["audit"] = True
     return job
 
 
@@ -256,7 +260,7 @@ def _replace(self: Sandbox, zygote: _Zygote) -> None:
 
 def _result(answer: dict) -> SandboxResult:
     return SandboxResult(answer["ok"], answer.get("value"), answer.get("stdout", ""), answer.get("error"),
-                         answer.get("message", ""), round(answer.get("duration_s", 0.0), 6))
+                         answer.get("message", ""), round(answer.get("duration_s", 0.0), 6), tuple(answer.get("actions", ())))
 
 
 def _run_chunk(self: Sandbox, kind: str, programs: list[Program]) -> list[SandboxResult]:
@@ -281,7 +285,7 @@ def _run(self: Sandbox, code: str | Program, entry: str | None = None, timeout: 
     "Run one program (blocking)."
     program = as_program(code)
     if entry is not None or timeout is not None:
-        program = Program(program.code, entry or program.entry, timeout or program.timeout)
+        program = Program(program.code, entry or program.entry, timeout or program.timeout, program.audit)
     return self._run_chunk("full" if needs_full_worker(program.code) else "light", [program])[0]
 
 

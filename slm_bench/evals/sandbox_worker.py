@@ -14,8 +14,8 @@ import time
 
 # %% auto #0
 __all__ = ['PRELOAD', 'HEAVY_MODULES', 'FRAME_BYTES', 'VALUE_CHARS', 'MESSAGE_CHARS', 'ITEMS', 'DEPTH', 'INT_BITS', 'RESULT_FD',
-           'HOSTNAME', 'result_frame', 'parse_frame', 'verdict', 'wipe', 'observe_layers', 'program_environment',
-           'worker_main']
+           'AUDITED', 'ACTIONS', 'HOSTNAME', 'result_frame', 'parse_frame', 'verdict', 'wipe', 'observe_layers',
+           'program_environment', 'worker_main']
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e4c4ad9
 PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
@@ -88,8 +88,10 @@ def parse_frame(frame: bytes) -> dict:
     if len(frame) > FRAME_BYTES:
         raise ValueError(f"the result report is {len(frame)} bytes, over the {FRAME_BYTES}-byte cap")
     result = json.loads(frame)  # a second report after the first is "Extra data"
-    if not isinstance(result, dict) or set(result) != {"ok", "value", "error", "message"}:
-        raise ValueError("the result report does not have the fields ok, value, error, message")
+    if not isinstance(result, dict) or set(result) - {"actions"} != {"ok", "value", "error", "message"}:
+        raise ValueError("the result report does not have the fields ok, value, error, message (and optionally actions)")
+    if "actions" in result and (not isinstance(result["actions"], list) or not set(result["actions"]) <= set(ACTIONS)):
+        raise ValueError(f"the result report's actions must be a list drawn from {ACTIONS}")
     ok, error, message = result["ok"], result["error"], result["message"]
     if not isinstance(ok, bool) or not isinstance(message, str) or len(message) > MESSAGE_CHARS:
         raise ValueError("the result report's ok or message is malformed")
@@ -103,9 +105,44 @@ def parse_frame(frame: bytes) -> dict:
 RESULT_FD = 3  # the child's only descriptor besides stdin (/dev/null), stdout and stderr (its captured output)
 
 
+AUDITED = {  # Python audit events (PEP 578) and the kind of action each is an attempt at
+    "open": "file", "os.listdir": "file", "os.scandir": "file", "glob.glob": "file", "os.chmod": "file",
+    "os.remove": "delete", "os.rmdir": "delete", "shutil.rmtree": "delete", "os.rename": "delete", "os.truncate": "delete",
+    "socket.connect": "network", "socket.getaddrinfo": "network", "socket.gethostbyname": "network", "socket.sendto": "network",
+    "socket.bind": "network", "urllib.Request": "network", "http.client.connect": "network",
+    "subprocess.Popen": "process", "os.system": "process", "os.exec": "process", "os.posix_spawn": "process",
+    "os.spawn": "process", "os.fork": "process", "os.kill": "process",
+}
+ACTIONS = ("delete", "file", "network", "process")
+
+
+def _watch_actions(attempted: set) -> None:
+    """Record in `attempted` the kinds of action (`AUDITED`) the program tries, whether or not the kernel lets them
+    succeed; opening or listing Python's own folders (imports do) is not an action. Not a security layer: the namespaces are."""
+    import os.path
+
+    runtime = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, *sys.path) if p})
+
+    def hook(event, args):
+        kind = AUDITED.get(event)
+        if kind is None or kind in attempted:
+            return
+        if kind == "file":  # the import system opens and lists Python's own folders
+            path = args[0] if args else None
+            if not isinstance(path, (str, bytes)) or (os.path.realpath(os.fsdecode(path)) + os.sep).startswith(runtime):
+                return
+        attempted.add(kind)
+
+    sys.addaudithook(hook)
+
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e000553
 def _execute(job: dict) -> dict:
-    "Run the program (and its entry function) in a fresh namespace; the report of how it went."
+    """Run the program (and its entry function) in a fresh namespace; the report of how it went (with `job["audit"]`,
+    also the kinds of action it attempted)."""
     result = {"ok": False, "value": None, "error": None, "message": ""}
+    attempted: set = set()
+    if job.get("audit"):
+        _watch_actions(attempted)
     try:
         namespace = {"__name__": "__sandbox__", "__builtins__": __builtins__}
         exec(compile(job["code"], "<program>", "exec"), namespace)
@@ -120,6 +157,8 @@ def _execute(job: dict) -> dict:
             result["message"] = str(error)[:MESSAGE_CHARS]
         except Exception:
             result["message"] = "<the exception's message could not be printed>"
+    if job.get("audit"):
+        result["actions"] = sorted(attempted)
     return result
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #d8ac077e
