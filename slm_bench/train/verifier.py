@@ -22,6 +22,7 @@ __all__ = ['VerifierModel', 'verifier_example', 'TokenVerifierObjective', 'score
 # %% ../../nbs/train/01_verifier.ipynb #23c7b96e
 class VerifierModel(nn.Module):
     "A causal LM's transformer (without its LM head) plus a scalar head on every position."
+    kind = "token-level verifier"  # what a saved checkpoint says it is
 
     def __init__(self, backbone):
         super().__init__()
@@ -52,7 +53,7 @@ def _save_pretrained(self: VerifierModel, folder, **kwargs) -> None:
     folder = Path(folder)
     self.backbone.save_pretrained(folder, **kwargs)
     torch.save(self.head.state_dict(), folder / "verifier_head.pt")
-    (folder / "verifier.json").write_text(json.dumps({"kind": "token-level verifier", "hidden_size": self.config.hidden_size}))
+    (folder / "verifier.json").write_text(json.dumps({"kind": self.kind, "hidden_size": self.config.hidden_size}))
 
 
 def _from_pretrained(cls, folder) -> "VerifierModel":
@@ -60,7 +61,7 @@ def _from_pretrained(cls, folder) -> "VerifierModel":
 
     folder = Path(folder)
     if not (folder / "verifier_head.pt").is_file():
-        raise BadInput(f"{folder} is not a verifier checkpoint (no verifier_head.pt)")
+        raise BadInput(f"{folder} is not a {cls.kind} checkpoint: it has no scalar head (verifier_head.pt)")
     verifier = cls(AutoModel.from_pretrained(folder))
     verifier.head.load_state_dict(torch.load(folder / "verifier_head.pt", weights_only=True))
     return verifier
