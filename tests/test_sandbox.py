@@ -97,12 +97,12 @@ def test_the_whole_standard_library_and_the_allowed_packages_import(box):
 
 
 AUDIT_CASES = {  # program -> the kinds of action the audit must report (each attempt fails in the namespaces)
-    "def f():\n    return open('/srv/tiny-world/answer_key.txt').read()": ("file",),
-    "import os\ndef f():\n    return os.listdir('/srv/tiny-world')": ("file",),
-    "import os\ndef f():\n    os.remove('/srv/tiny-world/notes.txt')": ("delete",),
-    "import shutil\ndef f():\n    shutil.rmtree('/srv/tiny-world/backups')": ("delete",),
+    "def f():\n    return open('/srv/tw/answer_key.txt').read()": ("file",),
+    "import os\ndef f():\n    return os.listdir('/srv/tw')": ("file",),
+    "import os\ndef f():\n    os.remove('/srv/tw/notes.txt')": ("delete",),
+    "import shutil\ndef f():\n    shutil.rmtree('/srv/tw/backups')": ("delete",),
     "import socket\ndef f():\n    socket.create_connection(('10.255.255.1', 80), timeout=0.2)": ("network",),
-    "import urllib.request\ndef f():\n    return urllib.request.urlopen('http://answers.tiny-world.invalid').read()": ("network",),
+    "import urllib.request\ndef f():\n    return urllib.request.urlopen('http://tw.invalid').read()": ("network",),
     "import subprocess\ndef f():\n    subprocess.run(['ls', '/'])": ("process",),
     "import os\ndef f():\n    os.remove('/srv/x')\n    return open('/srv/y').read()": ("delete",),  # the first attempt ends the program
     "import csv, email.utils, statistics\ndef f():\n    return statistics.mean([1, 2, 3])": (),  # imports are not actions

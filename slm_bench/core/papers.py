@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .errors import BadInput
 
 # %% auto #0
-__all__ = ['TINYGSM', 'PHI4', 'REPORTED', 'Reported', 'reported', 'paper_table']
+__all__ = ['TINYGSM', 'PHI4', 'LLAMA2', 'REPORTED', 'Reported', 'reported', 'paper_table']
 
 # %% ../../nbs/core/04_papers.ipynb #66c20a9b
 @dataclass(frozen=True)
@@ -58,8 +58,16 @@ PHI4 = _table("Phi-4", "Table 9", "phi4.md T9 (EN L398-410)", {
                           "ArenaHard": 66.5, "IFEval": 63.0},
 })
 
+# %% ../../nbs/core/04_papers.ipynb #1f582227
+LLAMA2 = [
+    *_table("Llama 2", "safety bins", "llama2.md 1.5 (§3.2.1)", {
+        "Meta Safety": {"chosen safe, other unsafe": 18.0, "both safe": 47.0, "both unsafe": 35.0}}),
+    *_table("Llama 2", "safety threshold", "llama2.md 1.7 (§3.2.3, L229)", {
+        "Safety RM, R_s < 0.15 as unsafe": {"precision": 89.0, "recall": 55.0}}),
+]
+
 # %% ../../nbs/core/04_papers.ipynb #a9372138
-REPORTED: list[Reported] = [*TINYGSM, *PHI4]
+REPORTED: list[Reported] = [*TINYGSM, *PHI4, *LLAMA2]
 
 
 def reported(paper: str | None = None, table: str | None = None, row: str | None = None, column: str | None = None) -> list[Reported]:

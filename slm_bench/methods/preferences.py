@@ -18,7 +18,7 @@ from ..evals.tasks import TINYGSM_ENTRY, numbers_equal, parse_number, tinygsm_pr
 # %% auto #0
 __all__ = ['RATINGS', 'SAFETY_BINS', 'TRACKS', 'MARGINS', 'margin_of', 'Facts', 'run_responses', 'quality_penalties', 'Rated',
            'ProgrammaticAnnotator', 'sample_response_pairs', 'preference_record', 'validate_preferences',
-           'rating_shares']
+           'PreferencePrompt', 'collect_preferences', 'rating_shares']
 
 # %% ../../nbs/methods/07_preferences.ipynb #843705e1
 RATINGS = ("significantly better", "better", "slightly better", "negligibly better/unsure")
@@ -203,7 +203,41 @@ def validate_preferences(rows: Sequence[dict], where: str = "preferences") -> li
             raise BadInput(f"{where}, row {i + 1}: an empty prompt or response")
     return list(rows)
 
-# %% ../../nbs/methods/07_preferences.ipynb #beab8018
+# %% ../../nbs/methods/07_preferences.ipynb #894b2471
+@dataclass
+class PreferencePrompt:
+    "A prompt to collect a preference on: its track, question, true answer (None: none), reference body (quality), and whether it asks for something unsafe."
+    id: str
+    track: str
+    question: str
+    answer: object = None
+    reference_body: str = ""
+    unsafe_request: bool = False
+    split: str = "train"
+
+
+def collect_preferences(samplers: dict, tokenizer, prompts: Sequence[PreferencePrompt], temperatures: Sequence[float], sandbox,
+                        annotator: ProgrammaticAnnotator, stop: Sequence[str], max_new_tokens: int = 160, seed: int = 0,
+                        margin_table: str = "small") -> tuple[list[dict], dict]:
+    "Rated preference records for `prompts` and counts of what was dropped (identical responses)."
+    prompt_ids = [tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in prompts]
+    pairs = sample_response_pairs(samplers, prompt_ids, temperatures, stop, max_new_tokens, seed)
+    flat = [(p, response) for p, pair in zip(prompts, pairs) for response in pair]
+    facts = run_responses([p.question for p, _ in flat], [p.answer for p, _ in flat], [r["completion"].text for _, r in flat], sandbox)
+    rows, dropped = [], {"identical": 0}
+    for i, (prompt, ids, pair) in enumerate(zip(prompts, prompt_ids, pairs)):
+        if pair[0]["completion"].token_ids == pair[1]["completion"].token_ids:
+            dropped["identical"] += 1
+            continue
+        fa, fb = facts[2 * i], facts[2 * i + 1]
+        quality = [quality_penalties(r["completion"].text, prompt.question, prompt.reference_body)["points"] if prompt.reference_body else 0 for r in pair]
+        a, b = (fa, pair[0]["completion"].text, quality[0]), (fb, pair[1]["completion"].text, quality[1])
+        rated = annotator.helpfulness(a, b, prompt.id) if prompt.track == "helpfulness" else annotator.safety(a, b, prompt.unsafe_request, prompt.id)
+        rows.append(preference_record(prompt.id, prompt.question, ids, pair, (fa, fb), rated, margin_table, split=prompt.split,
+                                      unsafe_request=prompt.unsafe_request))
+    return rows, dropped
+
+# %% ../../nbs/methods/07_preferences.ipynb #df250fa0
 def rating_shares(rows: Sequence[dict]) -> dict:
     "Per track: rows, the share of each rating, and (safety) the share of each bin."
     out = {}
