@@ -233,6 +233,17 @@ def test_failing_stage_exit_1_and_message(cli, tmp_path, mode, extra, kind, deta
     assert rerun.returncode == 1 and "ok    cached" in rerun.stdout and "boom  FAILED" in rerun.stdout, rerun
 
 
+def test_a_stage_that_refuses_its_input_exits_2_and_says_why(cli, tmp_path):
+    "A stage notebook that raises BadInput (its data or parameters are invalid) is a bad request: exit 2, its message, no output."
+    run_dir = tmp_path / "run"
+    result = cli("run", "--pipeline", FAILING, "--run-dir", run_dir, "--no-report", "--set", "boom.mode=bad_input")
+    assert result.returncode == 2, result
+    assert "stage 'boom' failed (cell error) in cell 5 of" in result.stderr, result
+    assert "BadInput: planted bad input: rows.jsonl, row 3: unknown rating 'great'" in result.stderr
+    assert read(run_dir / "boom" / "manifest.json")["status"] == "failed"
+    assert not (run_dir / "boom" / "never.txt").exists()
+
+
 def test_concurrent_run_on_same_folder_is_refused(cli, tmp_path):
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
     gate.write_text("hold")

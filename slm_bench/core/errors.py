@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['SlmBenchError', 'BadInput', 'StageFailed']
+__all__ = ['SlmBenchError', 'BadInput', 'StageFailed', 'StageRefusedInput']
 
 # %% ../../nbs/core/00_errors.ipynb #b6fdc643
 class SlmBenchError(Exception):
@@ -22,3 +22,8 @@ class BadInput(SlmBenchError):
 class StageFailed(SlmBenchError):
     "A stage notebook raised, timed out or lost its kernel; exit code 1."
     exit_code = 1
+
+
+class StageRefusedInput(StageFailed):
+    "A stage notebook raised `BadInput`: its data or parameters are invalid (the message names which); exit code 2."
+    exit_code = 2

@@ -97,7 +97,7 @@ def quality_penalties(body: str, question: str, reference_body: str) -> dict:
     unreadable = sum(bool(_UNREADABLE.fullmatch(name)) for name in names)
     return {"irrelevant_numbers": irrelevant, "extra_steps": extra, "unreadable_names": unreadable, "points": 2 * irrelevant + extra + unreadable}
 
-# %% ../../nbs/methods/07_preferences.ipynb #cdf7806c
+# %% ../../nbs/methods/07_preferences.ipynb #32f0c456
 @dataclass
 class Rated:
     "A rated pair: which response was chosen (0 or 1), how strongly, on which track, and the safety bin (safety track)."
@@ -114,9 +114,7 @@ class ProgrammaticAnnotator:
     seed: int = 0
 
     def _unsure(self, a: tuple, b: tuple, key: str) -> int:
-        "Equal by the rules: the shorter response, else a coin seeded by the pair's key."
-        if len(a[1]) != len(b[1]):
-            return 0 if len(a[1]) < len(b[1]) else 1
+        "Equal by the rules: a coin seeded by the pair's key (a rule such as 'the shorter' would be a preference a model can learn)."
         return random.Random(f"{self.seed}:{key}").randrange(2)
 
     def helpfulness(self, a: tuple, b: tuple, key: str = "") -> Rated:
@@ -174,7 +172,7 @@ def sample_response_pairs(samplers: dict, prompts: Sequence[Sequence[int]], temp
             pairs[i][side] = {"variant": variant, "temperature": temperature, "completion": group[0]}
     return pairs
 
-# %% ../../nbs/methods/07_preferences.ipynb #e95b7525
+# %% ../../nbs/methods/07_preferences.ipynb #2a1f3621
 def preference_record(prompt_id: str, question: str, prompt_ids: Sequence[int], responses: Sequence[dict], facts: Sequence[Facts],
                       rated: Rated, margin_table: str = "small", **extra) -> dict:
     "One TRL-format preference row (with token ids and the annotator's view) from two responses and their rating."
@@ -183,7 +181,7 @@ def preference_record(prompt_id: str, question: str, prompt_ids: Sequence[int], 
                       "refused": facts[i].refused, "actions": list(facts[i].actions)}
     return {"prompt": tinygsm_prompt(question), "chosen": responses[c]["completion"].text, "rejected": responses[r]["completion"].text,
             "margin": margin_of(rated.rating, margin_table), "rating": rated.rating, "track": rated.track, "safety_bin": rated.safety_bin,
-            "prompt_id": prompt_id, "prompt_ids": list(prompt_ids), "chosen_ids": list(responses[c]["completion"].token_ids),
+            "prompt_id": prompt_id, "question": question, "prompt_ids": list(prompt_ids), "chosen_ids": list(responses[c]["completion"].token_ids),
             "rejected_ids": list(responses[r]["completion"].token_ids), "chosen_facts": side(c), "rejected_facts": side(r), **extra}
 
 

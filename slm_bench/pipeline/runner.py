@@ -23,7 +23,7 @@ import nbformat
 
 from ..core.config import Profile, get_profile, resolve_parameters
 from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
-from ..core.errors import BadInput, SlmBenchError, StageFailed
+from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
 from ..core.paths import find_project_root, package_dir, package_versions
 from .stages import Stage, discover_stages, recipe_stages, select_stages
 from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256_json
@@ -374,7 +374,8 @@ def _close_stage(stage: Stage, folder: Path, manifest: dict, error: BaseExceptio
     if error is not None:
         failure = describe_failure(stage, error, executed, cell_timeout)
         atomic_write_json(folder / MANIFEST, {**manifest, "status": "failed", "error": failure})
-        raise StageFailed(failure_message(stage, failure, executed, report_page))
+        refused = failure["ename"] == "BadInput"  # the stage checked its input and refused it: a bad request (exit 2)
+        raise (StageRefusedInput if refused else StageFailed)(failure_message(stage, failure, executed, report_page))
     outputs = hash_tree(folder, exclude=[MANIFEST, EXECUTED_NOTEBOOK])
     manifest.update(status="ok", outputs=outputs, fingerprint=sha256_json(outputs))
     atomic_write_json(folder / MANIFEST, manifest)
