@@ -168,3 +168,14 @@ def test_mixture_widget_reacts_to_sliders():
     assert "shares sum to 1.50" in widget.message.value
     sources, budget = widget.current()
     assert sum(s.share for s in sources) == pytest.approx(1.0) and budget == pytest.approx(5000)
+
+
+def test_money_problems_that_no_bill_covers_ask_for_the_spending():
+    "A total above the largest bill ($200) once raised StopIteration; such problems now ask how much was spent."
+    import random
+
+    from slm_bench.data.synth import TRAIN_VOCAB, _value, fam_money
+
+    large = [spec for spec in (fam_money(random.Random(seed), TRAIN_VOCAB) for seed in range(4000)) if _value(spec.steps)["total"] > 200]
+    assert large, "no seed drew a total above $200"
+    assert all(spec.ask.startswith("How much does") and "bill" not in " ".join(spec.sentences) for spec in large)

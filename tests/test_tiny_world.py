@@ -30,6 +30,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     summary = read(run_dir / "summary.json")
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
+        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -37,7 +38,9 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         assert key in metrics, key
     assert metrics["k"] == 4 and metrics["N"] == 4
     rates = ("pretrain_pass@1", "sft_pass@1", "sft_pass@k", "sft_maj@k", "sft_verify@N@1", "sft_sample_accuracy", "dpo_pass@1",
-             "small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver")
+             "small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver",
+             "rm_helpful_accuracy", "rm_safety_accuracy", "rm_helpful_accuracy_significantly_better", "rs2_pass@1", "unsafe_refusal_rate",
+             "false_refusal_rate")
     assert {key: 0 <= metrics[key] <= 1 for key in rates} == {key: True for key in rates}  # missing keys fail here too
     # relations that hold for any model: majority vote, verifier pick and a single sample are each right only where one of
     # the k = N = 4 samples is right, i.e. never more often than pass@4 (computed from those same 4 samples)
@@ -251,3 +254,63 @@ def test_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
     determined = read(again / "pretrain" / "manifest.json")["determined_by"]  # what the manifest says decided the numbers
     assert determined["seeds"] == {"seed": 0} and determined["torch_threads"] == torch.get_num_threads()
     assert determined["cpu"]["flags"] and determined["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_llama2_stages(smoke_run):
+    "Preferences in TRL's format that pass the boundary check, two reward models with scalar heads, two RS checkpoints, the figures."
+    from slm_bench.methods.preferences import RATINGS, TRACKS, validate_preferences
+    from slm_bench.train.reward import RewardModel
+
+    run_dir, _, _ = smoke_run
+    rows = [json.loads(line) for line in (run_dir / "preferences" / "preferences.jsonl").read_text().splitlines()]
+    assert validate_preferences(rows) == rows and rows
+    assert {r["track"] for r in rows} == set(TRACKS)
+    assert all({"prompt", "chosen", "rejected", "margin"} <= set(r) and r["rating"] in RATINGS for r in rows)
+    assert {r["split"] for r in rows} == {"train", "test"}
+    for name in ("helpful_rm", "safety_rm"):
+        assert type(RewardModel.from_pretrained(run_dir / "reward_model" / name)).__name__ == "RewardModel"
+    for name in ("rs1", "rs2"):
+        assert (run_dir / "rejection_sampling" / name / "config.json").is_file(), name
+    metrics = read(run_dir / "rejection_sampling" / "metrics.json")
+    assert {"rs_max_minus_median_k1", "rs_max_minus_median_k4"} <= set(metrics)
+    assert metrics["rs_max_minus_median_k1"] == 0.0  # one sample: its max is its median
+    tables = {p.stem for p in (run_dir / "reward_model" / "tables").glob("*.json")}
+    assert tables == {"table8", "table28"}
+    for figure in ("reward_model/scores.png", "rejection_sampling/figure7.png", "rejection_sampling/figure8.png", "preferences/ratings.png"):
+        assert (run_dir / figure).stat().st_size > 1000, figure
+
+
+@pytest.mark.parametrize("stage, spoil, expected", [
+    ("reward_model", "rating", "preferences.jsonl, row 1: unknown rating 'great'"),
+    ("reward_model", "identical", "preferences.jsonl, row 1: chosen and rejected are the same response"),
+    ("rejection_sampling", "head", "is not a reward model checkpoint: it has no scalar head (verifier_head.pt)"),
+    ("rejection_sampling", "k", "rejection sampling needs K >= 1 samples per prompt, got 0"),
+])
+def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
+    "Bad preference rows, a reward checkpoint without its scalar head, K < 1: exit 2, the message names the problem, no output is written."
+    import shutil
+    import subprocess
+
+    from conftest import ROOT, SLM_BENCH
+
+    run_dir, _, _ = smoke_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    extra = []
+    if spoil in ("rating", "identical"):
+        path = copy / "preferences" / "preferences.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows[0] = {**rows[0], "rating": "great"} if spoil == "rating" else {**rows[0], "rejected_ids": rows[0]["chosen_ids"]}
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif spoil == "head":
+        (copy / "reward_model" / "helpful_rm" / "verifier_head.pt").unlink()
+    else:
+        extra = ["--set", "rejection_sampling.k=0"]
+    shutil.rmtree(copy / stage)
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--no-report", "--run-dir", str(copy), "--stages", stage, *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert expected in proc.stderr, proc.stderr[-2000:]
+    assert read(copy / stage / "manifest.json")["status"] == "failed"
+    outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"]}[stage]
+    assert [o for o in outputs if (copy / stage / o).exists()] == []
