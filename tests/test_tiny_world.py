@@ -39,8 +39,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert metrics["k"] == 4 and metrics["N"] == 4
     rates = ("pretrain_pass@1", "sft_pass@1", "sft_pass@k", "sft_maj@k", "sft_verify@N@1", "sft_sample_accuracy", "dpo_pass@1",
              "small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver",
-             "rm_helpful_accuracy", "rm_safety_accuracy", "rm_helpful_accuracy_significantly_better", "rs2_pass@1", "unsafe_refusal_rate",
-             "false_refusal_rate")
+             "rm_helpful_accuracy", "rm_safety_accuracy", "rs2_pass@1", "unsafe_refusal_rate", "false_refusal_rate")
     assert {key: 0 <= metrics[key] <= 1 for key in rates} == {key: True for key in rates}  # missing keys fail here too
     # relations that hold for any model: majority vote, verifier pick and a single sample are each right only where one of
     # the k = N = 4 samples is right, i.e. never more often than pass@4 (computed from those same 4 samples)
@@ -269,6 +268,10 @@ def test_llama2_stages(smoke_run):
     assert {r["split"] for r in rows} == {"train", "test"}
     for name in ("helpful_rm", "safety_rm"):
         assert type(RewardModel.from_pretrained(run_dir / "reward_model" / name)).__name__ == "RewardModel"
+    # accuracy on significantly-better helpfulness pairs: a rate when the test split has such pairs, None (no estimate) when not
+    significant = [r for r in rows if (r["split"], r["track"], r["rating"]) == ("test", "helpfulness", "significantly better")]
+    accuracy = read(run_dir / "reward_model" / "metrics.json")["rm_helpful_accuracy_significantly_better"]
+    assert (accuracy is None) if not significant else (0 <= accuracy <= 1), (len(significant), accuracy)
     for name in ("rs1", "rs2"):
         assert (run_dir / "rejection_sampling" / name / "config.json").is_file(), name
     metrics = read(run_dir / "rejection_sampling" / "metrics.json")
