@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import BadInput
-from .verifier import VerifierModel
+from .verifier import VerifierModel, last_token_logits
 
 # %% auto #0
 __all__ = ['ranking_loss', 'RewardModel', 'reward_pair_tensors', 'pair_rewards', 'RankingObjective', 'reward_config',
@@ -80,19 +80,9 @@ def reward_config(pairs: int, micro_batch_size: int = 32, lr: float = 1e-4, seed
                        schedule="cosine", min_lr_ratio=0.1, warmup_steps=warmup_for(steps), grad_clip=1.0, seed=seed, progress=progress)
 
 # %% ../../nbs/train/03_reward.ipynb #2cbc2ff7
-@torch.inference_mode()
 def reward_scores(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], batch_size: int = 64) -> list[float]:
-    "The reward (the scalar head on the last token, before any sigmoid) of each prompt + response."
-    model.eval()
-    device = next(model.parameters()).device
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        rows = [list(p) + list(r) for p, r in zip(prompts[start:start + batch_size], responses[start:start + batch_size])]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)
-        scores = model(ids, position_ids=torch.arange(width, device=device).expand(len(rows), width)).float()
-        out += scores.gather(1, torch.tensor([[len(r) - 1] for r in rows], device=device))[:, 0].tolist()
-    return out
+    "The reward (the scalar head on the last token, before any sigmoid) of each prompt + response, as the verifier scores."
+    return last_token_logits(model, prompts, responses, batch_size)
 
 
 def accuracy_by_rating(chosen: Sequence[float], rejected: Sequence[float], ratings: Sequence[str], levels: Sequence[str]) -> dict:

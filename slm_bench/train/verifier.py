@@ -17,7 +17,7 @@ from ..core.errors import BadInput
 from ..lm.packing import IGNORE, left_pad
 
 # %% auto #0
-__all__ = ['VerifierModel', 'verifier_example', 'TokenVerifierObjective', 'score_candidates']
+__all__ = ['VerifierModel', 'verifier_example', 'TokenVerifierObjective', 'last_token_logits', 'score_candidates']
 
 # %% ../../nbs/train/01_verifier.ipynb #23c7b96e
 class VerifierModel(nn.Module):
@@ -100,16 +100,21 @@ class TokenVerifierObjective:
 
 # %% ../../nbs/train/01_verifier.ipynb #6877318b
 @torch.inference_mode()
-def score_candidates(verifier: VerifierModel, prompts: Sequence[Sequence[int]], solutions: Sequence[Sequence[int]],
-                     batch_size: int = 32) -> list[float]:
-    "The verifier's probability that each solution is correct: the sigmoid of the head on its last token."
-    verifier.eval()
-    device = next(verifier.parameters()).device
-    scores = []
+def last_token_logits(model: VerifierModel, prompts: Sequence[Sequence[int]], solutions: Sequence[Sequence[int]],
+                      batch_size: int = 32) -> list[float]:
+    "The scalar head on the last token of each prompt + solution: a verifier's logit, a reward model's reward."
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
     for start in range(0, len(prompts), batch_size):
         seqs = [list(p) + list(s) for p, s in zip(prompts[start:start + batch_size], solutions[start:start + batch_size])]
         ids, mask = left_pad(seqs, 0, device)  # left padding: the last token is at -1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = verifier(ids, position_ids=positions, attention_mask=mask)
-        scores += torch.sigmoid(logits[:, -1].float()).tolist()
-    return scores
+        out += model(ids, position_ids=positions, attention_mask=mask)[:, -1].float().tolist()
+    return out
+
+
+def score_candidates(verifier: VerifierModel, prompts: Sequence[Sequence[int]], solutions: Sequence[Sequence[int]],
+                     batch_size: int = 32) -> list[float]:
+    "The verifier's probability that each solution is correct: the sigmoid of the head on its last token."
+    return torch.sigmoid(torch.tensor(last_token_logits(verifier, prompts, solutions, batch_size))).tolist()
