@@ -31,16 +31,20 @@ def chat_sft_records(curated: Sequence[dict], demonstrations: Sequence[dict], re
     rng.shuffle(records)
     return records
 
-# %% ../../nbs/methods/08_llama2.ipynb #c0b078db
+# %% ../../nbs/methods/08_llama2.ipynb #a531a7a0
 def preference_prompts(n_helpful: int, safety: Sequence[SafetyPrompt], seed: int = 0, exclude: set[str] = frozenset(),
                        test_share: float = 0.2, prefix: str = "pref") -> list[PreferencePrompt]:
-    "`n_helpful` fresh helpfulness problems (none of `exclude`'s questions) and the safety prompts, a `test_share` of each held out."
+    "`n_helpful` fresh helpfulness problems (distinct, none of `exclude`'s questions) and the safety prompts, a `test_share` of each held out."
     if not 0 <= test_share < 1:
         raise BadInput(f"test_share must be in [0, 1), got {test_share}")
     teacher = ProceduralTeacher(error_rate=0.0, vocab=TRAIN_VOCAB, prefix=prefix, mode="two-stage")
     helpful, drawn = [], n_helpful
-    while len(helpful) < n_helpful:
-        helpful = [p for p in teacher.generate(drawn, seed=seed) if p.question not in exclude][:n_helpful]
+    while len(helpful) < n_helpful:  # draw more until enough distinct, unexcluded problems
+        helpful, taken = [], set(exclude)
+        for p in teacher.generate(drawn, seed=seed):
+            if p.question not in taken and len(helpful) < n_helpful:
+                helpful.append(p)
+                taken.add(p.question)
         drawn += max(10, n_helpful // 4)
     prompts = [PreferencePrompt(p.id, "helpfulness", p.question, p.answer, program_body(p.to_json())) for p in helpful]
     prompts += [PreferencePrompt(p.id, "safety", p.question, p.answer, program_body(p.to_json()) if p.kind == "borderline" else "",
