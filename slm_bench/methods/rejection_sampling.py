@@ -73,7 +73,7 @@ def pool_best(*iterations: dict[str, dict]) -> dict[str, dict]:
                 pooled[pid] = entry
     return pooled
 
-# %% ../../nbs/methods/09_rejection_sampling.ipynb #7388e87b
+# %% ../../nbs/methods/09_rejection_sampling.ipynb #8b4aab63
 def sample_candidates(sampler, prompts: Sequence, k: int, temperatures: Sequence[float], max_new_tokens: int = 160, seed: int = 0):
     "K samples per prompt (anything with `.question`), split over `temperatures`; the groups and each sample's temperature."
     from slm_bench.methods.tinygsm import mixed_temperature_samples
@@ -90,6 +90,7 @@ def sample_candidates(sampler, prompts: Sequence, k: int, temperatures: Sequence
 def score_with_rc(helpful_rm, safety_rm, prompt_ids: Sequence[Sequence[int]], groups: Sequence[Sequence], is_safety: Sequence[bool],
                   threshold: float = SAFETY_THRESHOLD) -> dict:
     "Per prompt, each sample's R_c and its helpfulness and safety probabilities (σ of each reward model's score)."
+    from slm_bench.evals.label import regroup
     from slm_bench.train.reward import reward_scores
 
     flat_prompts = [p for p, g in zip(prompt_ids, groups) for _ in g]
@@ -97,5 +98,4 @@ def score_with_rc(helpful_rm, safety_rm, prompt_ids: Sequence[Sequence[int]], gr
     sigmoid = lambda xs: [1 / (1 + math.exp(-x)) for x in xs]
     helpful, safety = sigmoid(reward_scores(helpful_rm, flat_prompts, flat)), sigmoid(reward_scores(safety_rm, flat_prompts, flat))
     rc = combined_reward(helpful, safety, [f for f, g in zip(is_safety, groups) for _ in g], threshold)
-    cut = lambda xs: [xs[sum(len(g) for g in groups[:i]):sum(len(g) for g in groups[:i + 1])] for i in range(len(groups))]
-    return {"rc": cut(rc), "helpful": cut(helpful), "safety": cut(safety)}
+    return {"rc": regroup(rc, groups), "helpful": regroup(helpful, groups), "safety": regroup(safety, groups)}
