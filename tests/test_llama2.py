@@ -73,6 +73,34 @@ def test_reward_mixes_follow_the_paper_shares():
     assert all(r.get("safety_bin") != "both unsafe" and r["split"] == "train" for r in helpful + safety)
 
 
+def test_reward_mixes_draw_the_rest_from_other_track_and_open_rows():
+    rows = [{"track": "helpfulness", "split": "train"}] * 100 + [{"track": "safety", "split": "train", "safety_bin": "both safe"}] * 300
+    open_rows = [{"track": "helpfulness", "split": "train", "source": "open"}] * 1000
+    helpful = reward_mix(rows, "helpfulness", 0.75, seed=0, open_rows=open_rows)
+    own = sum(r["track"] == "helpfulness" and "source" not in r for r in helpful)
+    assert (len(helpful), own) == (400, 100)  # the rest: 3 x 100 rows, drawn from 300 safety + 1000 open rows
+    everything = reward_mix(rows, "helpfulness", 0.95, seed=0, open_rows=open_rows)  # wants 1900 of the 1300 there are: all of them
+    assert (len(everything), sum(r.get("source") == "open" for r in everything)) == (1400, 1000)
+    safety = reward_mix(rows, "safety", 0.1, seed=0, open_rows=open_rows)  # 90/10: 300 safety rows and round(300 / 9) from helpful + open
+    assert (len(safety), sum(r["track"] == "safety" for r in safety)) == (333, 300)
+
+
+def test_open_preferences_prefer_the_right_twin_by_execution():
+    from slm_bench.data.synth import planted_error_twins
+    from slm_bench.evals.sandbox import Sandbox
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.methods.llama2 import open_preferences
+    from slm_bench.methods.tinygsm import program_body
+
+    twins = planted_error_twins(8, seed=11)
+    tokenizer = train_tokenizer([p.program for twin in twins for p in twin], vocab_size=300)
+    with Sandbox(workers=1) as box:
+        rows = open_preferences(twins, tokenizer, box, ProgrammaticAnnotator(seed=0), "large")
+    assert [(r["chosen"], r["rejected"]) for r in rows] == [(program_body(a.to_json()), program_body(b.to_json())) for a, b in twins]
+    assert {(r["rating"], r["margin"]) for r in rows} == {("significantly better", 3.0)}
+    assert [r["chosen_facts"]["correct"] for r in rows] == [True] * 8 and [r["rejected_facts"]["correct"] for r in rows] == [False] * 8
+
+
 def test_preference_rows_are_checked_at_the_boundary():
     row = {"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3], "rating": "better", "track": "safety"}
     with pytest.raises(BadInput, match="row 1: missing prompt_ids"):

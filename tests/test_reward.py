@@ -82,3 +82,19 @@ def test_one_epoch_learns_a_constructed_preference_and_accuracy_is_per_rating(to
     accuracy = accuracy_by_rating(chosen, rejected, [p["rating"] for p in held_out], RATINGS)
     assert [accuracy[r]["n"] for r in RATINGS] == [2, 2, 2, 2]
     assert accuracy["all"]["accuracy"] == 1.0  # "a + b" is preferred to "a" on pairs it never saw
+
+
+def test_pair_rewards_ignore_right_padding_past_the_batch_longest_row(tokenizer):
+    "The batch is cut to its longest row: the same pairs padded 40 tokens wider give the same rewards."
+    from slm_bench.train.reward import pair_rewards
+
+    pad = tokenizer.pad_token_id
+    model = RewardModel.from_generator(create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer)), seed=1, pad_token_id=pad))
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    batch = reward_pair_tensors(_pairs(tokenizer), pad)
+    wide = {**batch, "input_ids": torch.nn.functional.pad(batch["input_ids"], (0, 40), value=pad)}
+    with torch.no_grad():
+        narrow_chosen, narrow_rejected = pair_rewards(model, batch)
+        wide_chosen, wide_rejected = pair_rewards(model, wide)
+    assert torch.allclose(narrow_chosen, wide_chosen, atol=1e-6) and torch.allclose(narrow_rejected, wide_rejected, atol=1e-6)
+    assert not torch.allclose(narrow_chosen, narrow_rejected)  # the head separates the responses: the check can fail

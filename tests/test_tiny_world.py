@@ -39,7 +39,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert metrics["k"] == 4 and metrics["N"] == 4
     rates = ("pretrain_pass@1", "sft_pass@1", "sft_pass@k", "sft_maj@k", "sft_verify@N@1", "sft_sample_accuracy", "dpo_pass@1",
              "small_gen_small_ver", "small_gen_large_ver", "large_gen_small_ver", "large_gen_large_ver",
-             "rm_helpful_accuracy", "rm_safety_accuracy", "rs2_pass@1", "unsafe_refusal_rate", "false_refusal_rate")
+             "rm_helpful_accuracy", "rs2_pass@1", "unsafe_refusal_rate", "false_refusal_rate")  # rm_safety_accuracy: test_llama2_stages
     assert {key: 0 <= metrics[key] <= 1 for key in rates} == {key: True for key in rates}  # missing keys fail here too
     # relations that hold for any model: majority vote, verifier pick and a single sample are each right only where one of
     # the k = N = 4 samples is right, i.e. never more often than pass@4 (computed from those same 4 samples)
@@ -266,12 +266,23 @@ def test_llama2_stages(smoke_run):
     assert {r["track"] for r in rows} == set(TRACKS)
     assert all({"prompt", "chosen", "rejected", "margin"} <= set(r) and r["rating"] in RATINGS for r in rows)
     assert {r["split"] for r in rows} == {"train", "test"}
+    # the open pairs: planted-error twins, the right program chosen over the wrong one, all training data
+    open_rows = [json.loads(line) for line in (run_dir / "preferences" / "open_preferences.jsonl").read_text().splitlines()]
+    assert len(open_rows) == 60 and validate_preferences(open_rows) == open_rows
+    assert {(r["source"], r["track"], r["split"], r["rating"]) for r in open_rows} == {("open", "helpfulness", "train", "significantly better")}
+    assert {(r["chosen_facts"]["correct"], r["rejected_facts"]["correct"]) for r in open_rows} == {(True, False)}
+    assert read(run_dir / "reward_model" / "metrics.json")["rm_open_pairs"] == 60
     for name in ("helpful_rm", "safety_rm"):
         assert type(RewardModel.from_pretrained(run_dir / "reward_model" / name)).__name__ == "RewardModel"
     # accuracy on significantly-better helpfulness pairs: a rate when the test split has such pairs, None (no estimate) when not
     significant = [r for r in rows if (r["split"], r["track"], r["rating"]) == ("test", "helpfulness", "significantly better")]
     accuracy = read(run_dir / "reward_model" / "metrics.json")["rm_helpful_accuracy_significantly_better"]
     assert (accuracy is None) if not significant else (0 <= accuracy <= 1), (len(significant), accuracy)
+    # the safety RM's accuracy likewise: None when every held-out safety pair is "both unsafe" (excluded, as in the paper),
+    # which the smoke profile's barely trained chat model can produce on some CPUs
+    usable = [r for r in rows if (r["split"], r["track"]) == ("test", "safety") and r["safety_bin"] != "both unsafe"]
+    accuracy = read(run_dir / "reward_model" / "metrics.json")["rm_safety_accuracy"]
+    assert (accuracy is None) if not usable else (0 <= accuracy <= 1), (len(usable), accuracy)
     for name in ("rs1", "rs2"):
         assert (run_dir / "rejection_sampling" / name / "config.json").is_file(), name
     metrics = read(run_dir / "rejection_sampling" / "metrics.json")

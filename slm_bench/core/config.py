@@ -221,6 +221,7 @@ PROFILES: dict[str, Profile] = {
              "chat_sft.unsafe": 20, "chat_sft.borderline": 20, "chat_sft.replay": 40, "chat_sft.steps": 10, "chat_sft.micro_batch_size": 8,
              "chat_sft.warmup_steps": 2, "chat_sft.checkpoint_at": [5],
              "preferences.helpful_prompts": 48, "preferences.unsafe_prompts": 12, "preferences.borderline_prompts": 12, "preferences.max_new_tokens": 96,
+             "preferences.open_pairs": 60,
              "reward_model.micro_batch_size": 4,
              "rejection_sampling.helpful_prompts": 16, "rejection_sampling.unsafe_prompts": 4, "rejection_sampling.borderline_prompts": 4,
              "rejection_sampling.k": 4, "rejection_sampling.steps": 3, "rejection_sampling.micro_batch_size": 4, "rejection_sampling.warmup_steps": 1,

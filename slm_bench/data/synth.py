@@ -23,8 +23,8 @@ __all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB',
            'PROMPTS', 'DELIMITER', 'Step', 'Spec', 'SynthProblem', 'render', 'Vocab', 'fam_add', 'fam_subtract',
            'fam_multiply', 'fam_divide', 'fam_remainder', 'fam_percent', 'fam_rate', 'fam_convert', 'fam_ages',
            'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'add_irrelevant', 'held_out_sets',
-           'organic_corpus', 'code_corpus', 'load_prompts', 'ParseReport', 'extract_program', 'parse_joint',
-           'parse_questions', 'load_seed_questions', 'LLMTeacher']
+           'planted_error_twins', 'organic_corpus', 'code_corpus', 'load_prompts', 'ParseReport', 'extract_program',
+           'parse_joint', 'parse_questions', 'load_seed_questions', 'LLMTeacher']
 
 # %% ../../nbs/data/00_synth.ipynb #7e288954
 @dataclass
@@ -442,6 +442,30 @@ def held_out_sets(n_test: int, n_dev: int, seed: int = 0, mode: str = "joint",
         drawn += max(10, n_dev // 4)
     rng = random.Random(seed + 40_000)
     return {"test": test, "dev": dev, "test_ic": [add_irrelevant(p, rng, vocab) for p in test]}
+
+# %% ../../nbs/data/00_synth.ipynb #354b8dcf
+def planted_error_twins(n: int, seed: int = 0, vocab: Vocab = TRAIN_VOCAB, irrelevant_rate: float = 1 / 3,
+                        exclude: Iterable[str] = (), prefix: str = "twin") -> list[tuple[SynthProblem, SynthProblem]]:
+    "`n` (right, wrong) pairs: a problem and its twin with the same question and answer but one planted error; no question of `exclude`."
+    from dataclasses import replace
+
+    rng, taken, twins = random.Random(seed), set(exclude), []
+    for _ in range(20 * n):  # a spec whose every corruption keeps the answer is skipped; so is a repeated question
+        if len(twins) == n:
+            break
+        spec = FAMILIES[rng.choice(list(FAMILIES))](rng, vocab)
+        irrelevant = _irrelevant(rng, spec.sentences[0].split()[0], vocab) if rng.random() < irrelevant_rate else None
+        solver = random.Random(rng.getrandbits(32))
+        right = render(spec, f"{prefix}-{seed}-{len(twins)}", irrelevant, solver, "two-stage", False)
+        wrong = render(spec, right.id, None, solver, "two-stage", True)
+        if right.question in taken or not wrong.corrupted:
+            continue
+        taken.add(right.question)
+        twins.append((right, replace(wrong, id=f"{right.id}-wrong", question=right.question, irrelevant=right.irrelevant,
+                                     program=_program(right.question, wrong.program))))
+    if len(twins) < n:
+        raise BadInput(f"only {len(twins)} planted-error twins of {n} could be made: the vocabulary or `exclude` leaves too few new questions")
+    return twins
 
 # %% ../../nbs/data/00_synth.ipynb #36884358
 def organic_corpus(n: int, seed: int = 0) -> list[str]:

@@ -17,8 +17,8 @@ from ..evals.tasks import tinygsm_prompt
 from .tinygsm import program_body
 
 # %% auto #0
-__all__ = ['chat_sft_records', 'preference_prompts', 'reward_mix', 'fit_reward_model', 'score_pairs', 'reward_accuracy',
-           'evaluate_chat_model']
+__all__ = ['chat_sft_records', 'preference_prompts', 'open_preferences', 'reward_mix', 'fit_reward_model', 'score_pairs',
+           'reward_accuracy', 'evaluate_chat_model']
 
 # %% ../../nbs/methods/08_llama2.ipynb #02c61d81
 def chat_sft_records(curated: Sequence[dict], demonstrations: Sequence[dict], replay: int, seed: int = 0) -> list[dict]:
@@ -56,15 +56,37 @@ def preference_prompts(n_helpful: int, safety: Sequence[SafetyPrompt], seed: int
             p.split = "test"
     return prompts
 
+# %% ../../nbs/methods/08_llama2.ipynb #d16992e4
+def open_preferences(twins: Sequence[tuple], tokenizer, sandbox, annotator, margin_table: str = "small") -> list[dict]:
+    """TRL-format training rows (helpfulness track, `source` "open") from `planted_error_twins`, each rated on execution;
+    a twin the annotator does not rate *significantly better* (the planted error kept the answer) is dropped."""
+    from slm_bench.infer.sampling import Completion
+    from slm_bench.methods.preferences import preference_record, run_responses
+
+    problems = [p for twin in twins for p in twin]
+    bodies = [program_body(p.to_json()) for p in problems]
+    facts = run_responses([p.question for p in problems], [p.answer for p in problems], bodies, sandbox)
+    rows = []
+    for i, (right, _) in enumerate(twins):
+        pair = [{"variant": "teacher", "temperature": None,  # not sampled: the teacher wrote both
+                 "completion": Completion(tokenizer(b, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], b, [], "stop")}
+                for b in bodies[2 * i:2 * i + 2]]
+        rated = annotator.helpfulness((facts[2 * i], bodies[2 * i], 0), (facts[2 * i + 1], bodies[2 * i + 1], 0), right.id)
+        if rated.rating == RATINGS[0]:
+            rows.append(preference_record(right.id, right.question, tokenizer(tinygsm_prompt(right.question))["input_ids"], pair,
+                                          facts[2 * i:2 * i + 2], rated, margin_table, split="train", unsafe_request=False, source="open"))
+    return rows
+
 # %% ../../nbs/methods/08_llama2.ipynb #609f7554
-def reward_mix(rows: Sequence[dict], track: str, other_share: float, seed: int = 0) -> list[dict]:
-    """The training rows of the `track` RM: all of its track's train rows plus other-track rows making `other_share` of
-    the mix (as many as exist), *both unsafe* pairs excluded, shuffled. Llama 2: helpfulness 0.5, safety 0.1."""
+def reward_mix(rows: Sequence[dict], track: str, other_share: float, seed: int = 0, open_rows: Sequence[dict] = ()) -> list[dict]:
+    """The training rows of the `track` RM: all of its track's train rows plus "the rest" (other-track rows and
+    `open_rows`, drawn uniformly from both) making `other_share` of the mix (as many as exist), *both unsafe* pairs
+    excluded, shuffled. Llama 2: helpfulness 0.5, safety 0.1."""
     if not 0 <= other_share < 1:
         raise BadInput(f"other_share must be in [0, 1), got {other_share}")
     usable = [r for r in rows if r.get("split", "train") == "train" and r.get("safety_bin") != "both unsafe"]
     own = [r for r in usable if r["track"] == track]
-    other = [r for r in usable if r["track"] != track]
+    other = [r for r in usable if r["track"] != track] + list(open_rows)
     rng = random.Random(seed)
     wanted = round(len(own) * other_share / (1 - other_share))
     mix = own + rng.sample(other, min(wanted, len(other)))
@@ -73,8 +95,10 @@ def reward_mix(rows: Sequence[dict], track: str, other_share: float, seed: int =
 
 # %% ../../nbs/methods/08_llama2.ipynb #303e34bc
 def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: str, out, micro_batch_size: int = 32,
-                     lr: float = 1e-4, seed: int = 0, progress: bool = True):
-    "A `RewardModel` from `chat_model`, trained one epoch on `rows` with margins from `margin_table`; and its last logged metrics."
+                     lr: float = 1e-4, seed: int = 0, progress: bool = True, group_by_length: bool = True):
+    """A `RewardModel` from `chat_model`, trained one epoch on `rows` with margins from `margin_table`; and its last logged
+    metrics. `group_by_length` (ours) batches pairs of similar length: on the tiny world's pairs random batches are
+    half padding."""
     from slm_bench.train.engine import PackedRows, Trainer
     from slm_bench.train.reward import RankingObjective, RewardModel, reward_config, reward_pair_tensors
 
@@ -82,7 +106,7 @@ def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: 
         raise BadInput(f"unknown margin table {margin_table!r}; tables: {', '.join(MARGINS)}")
     config = reward_config(len(rows), micro_batch_size, lr, seed, progress)
     tensors = reward_pair_tensors(rows, tokenizer.pad_token_id, [MARGINS[margin_table][r["rating"]] for r in rows])
-    trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed),
+    trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, tensors["last"].amax(1) + 1 if group_by_length else None),
                       config, out, tokenizer)
     last = trainer.train()
     return trainer.accelerator.unwrap_model(trainer.model), last

@@ -93,9 +93,11 @@ def score_with_rc(helpful_rm, safety_rm, prompt_ids: Sequence[Sequence[int]], gr
     from slm_bench.evals.label import regroup
     from slm_bench.train.reward import reward_scores
 
-    flat_prompts = [p for p, g in zip(prompt_ids, groups) for _ in g]
-    flat = [c.token_ids for g in groups for c in g]
+    unique: dict[tuple, int] = {}  # (prompt, response) -> position: a response sampled twice is scored once
+    where = [unique.setdefault((i, tuple(c.token_ids)), len(unique)) for i, g in enumerate(groups) for c in g]
+    prompts, responses = [prompt_ids[i] for i, _ in unique], [list(r) for _, r in unique]
     sigmoid = lambda xs: [1 / (1 + math.exp(-x)) for x in xs]
-    helpful, safety = sigmoid(reward_scores(helpful_rm, flat_prompts, flat)), sigmoid(reward_scores(safety_rm, flat_prompts, flat))
+    helpful, safety = sigmoid(reward_scores(helpful_rm, prompts, responses)), sigmoid(reward_scores(safety_rm, prompts, responses))
+    helpful, safety = [helpful[k] for k in where], [safety[k] for k in where]
     rc = combined_reward(helpful, safety, [f for f, g in zip(is_safety, groups) for _ in g], threshold)
     return {"rc": regroup(rc, groups), "helpful": regroup(helpful, groups), "safety": regroup(safety, groups)}

@@ -12,7 +12,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,8 @@ class CausalLM:
 class PackedRows:
     "Packed rows (from `pack`, or any row tensors) served as micro-batches in a seeded, resumable order."
 
-    def __init__(self, rows: list[dict], micro_batch_size: int, seed: int = 0, tensors: dict | None = None):
+    def __init__(self, rows: list[dict], micro_batch_size: int, seed: int = 0, tensors: dict | None = None,
+                 lengths: Sequence[int] | None = None):
         if tensors is None:
             tensors = {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
         count = len(tensors["input_ids"])
@@ -122,14 +123,17 @@ class PackedRows:
         if any(len(v) != count for v in tensors.values()):
             raise BadInput("every tensor needs one entry per row")
         self.tensors = tensors
+        if lengths is not None and len(lengths) != count:
+            raise BadInput(f"{len(lengths)} lengths for {count} rows")
         self.micro_batch_size, self.seed = micro_batch_size, seed
+        self.lengths = None if lengths is None else torch.as_tensor(list(lengths))
         self.per_epoch = count // micro_batch_size
         self._order: tuple[int, torch.Tensor] | None = None
 
     @classmethod
-    def from_tensors(cls, tensors: dict, micro_batch_size: int, seed: int = 0) -> "PackedRows":
+    def from_tensors(cls, tensors: dict, micro_batch_size: int, seed: int = 0, lengths: Sequence[int] | None = None) -> "PackedRows":
         "Rows given as tensors with one entry per row (any keys, `input_ids` among them), e.g. DPO pairs."
-        return cls([], micro_batch_size, seed, tensors=tensors)
+        return cls([], micro_batch_size, seed, tensors=tensors, lengths=lengths)
 
     def __len__(self) -> int:
         return len(self.tensors["input_ids"])
@@ -138,9 +142,22 @@ class PackedRows:
         "The micro-batch at global position `index` (epochs follow each other)."
         epoch, within = divmod(index, self.per_epoch)
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, torch.randperm(len(self), generator=torch.Generator().manual_seed(self.seed + epoch)))
+            self._order = (epoch, self.epoch_order(epoch))
         rows = self._order[1][within * self.micro_batch_size:(within + 1) * self.micro_batch_size]
         return {k: v[rows] for k, v in self.tensors.items()}
+
+    def epoch_order(self, epoch: int, group: int = 50) -> torch.Tensor:
+        """The rows in an epoch's order: a seeded permutation; with `lengths`, grouped by length as HF's
+        `LengthGroupedSampler` does (each run of `group` micro-batches sorted longest first, then the micro-batches
+        shuffled), so a micro-batch cut to its longest row wastes little on padding."""
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(len(self), generator=generator)
+        if self.lengths is None:
+            return order
+        order = torch.cat([c[torch.argsort(self.lengths[c], descending=True, stable=True)] for c in order.split(group * self.micro_batch_size)])
+        used = self.per_epoch * self.micro_batch_size
+        batches = order[:used].view(self.per_epoch, self.micro_batch_size)[torch.randperm(self.per_epoch, generator=generator)]
+        return torch.cat([batches.flatten(), order[used:]])
 
 # %% ../../nbs/train/00_engine.ipynb #5397c07e
 def _step_dir(out: Path, step: int) -> Path:

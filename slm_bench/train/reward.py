@@ -48,8 +48,9 @@ def reward_pair_tensors(pairs: Sequence[dict], pad_id: int, margins: Sequence[fl
 
 def pair_rewards(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     "The rewards of the chosen and rejected response of every pair in a `reward_pair_tensors` batch."
-    P, _, width = batch["input_ids"].shape
-    ids = batch["input_ids"].reshape(2 * P, width)
+    P = batch["input_ids"].shape[0]
+    width = int(batch["last"].max()) + 1  # causal attention: right padding past the batch's longest row changes nothing, so cut it
+    ids = batch["input_ids"][..., :width].reshape(2 * P, width)
     positions = torch.arange(width, device=ids.device).expand(2 * P, width)
     scores = model(ids, position_ids=positions).float()  # [2P, width]
     rewards = scores.gather(1, batch["last"].reshape(2 * P, 1))[:, 0].view(P, 2)

@@ -105,12 +105,15 @@ def last_token_logits(model: VerifierModel, prompts: Sequence[Sequence[int]], so
     "The scalar head on the last token of each prompt + solution: a verifier's logit, a reward model's reward."
     model.eval()
     device = next(model.parameters()).device
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        seqs = [list(p) + list(s) for p, s in zip(prompts[start:start + batch_size], solutions[start:start + batch_size])]
-        ids, mask = left_pad(seqs, 0, device)  # left padding: the last token is at -1
+    seqs = [list(p) + list(s) for p, s in zip(prompts, solutions)]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # batches of similar lengths waste little on padding
+    out = [0.0] * len(seqs)
+    for start in range(0, len(seqs), batch_size):
+        batch = order[start:start + batch_size]
+        ids, mask = left_pad([seqs[i] for i in batch], 0, device)  # left padding: the last token is at -1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out += model(ids, position_ids=positions, attention_mask=mask)[:, -1].float().tolist()
+        for i, logit in zip(batch, model(ids, position_ids=positions, attention_mask=mask)[:, -1].float().tolist()):
+            out[i] = logit
     return out
 
 
