@@ -106,7 +106,8 @@ def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: 
         raise BadInput(f"unknown margin table {margin_table!r}; tables: {', '.join(MARGINS)}")
     config = reward_config(len(rows), micro_batch_size, lr, seed, progress)
     tensors = reward_pair_tensors(rows, tokenizer.pad_token_id, [MARGINS[margin_table][r["rating"]] for r in rows])
-    trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, tensors["last"].amax(1) + 1 if group_by_length else None),
+    lengths = tensors["last"].amax(1) + 1 if group_by_length else None  # a pair's longer side
+    trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, lengths),
                       config, out, tokenizer)
     last = trainer.train()
     return trainer.accelerator.unwrap_model(trainer.model), last
