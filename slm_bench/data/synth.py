@@ -9,7 +9,7 @@ import json
 import random
 import re
 import textwrap
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -447,8 +447,6 @@ def held_out_sets(n_test: int, n_dev: int, seed: int = 0, mode: str = "joint",
 def planted_error_twins(n: int, seed: int = 0, vocab: Vocab = TRAIN_VOCAB, irrelevant_rate: float = 1 / 3,
                         exclude: Iterable[str] = (), prefix: str = "twin") -> list[tuple[SynthProblem, SynthProblem]]:
     "`n` (right, wrong) pairs: a problem and its twin with the same question and answer but one planted error; no question of `exclude`."
-    from dataclasses import replace
-
     rng, taken, twins = random.Random(seed), set(exclude), []
     for _ in range(20 * n):  # a spec whose every corruption keeps the answer is skipped; so is a repeated question
         if len(twins) == n:
