@@ -30,7 +30,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     summary = read(run_dir / "summary.json")
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
-        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"),
+        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -294,11 +294,30 @@ def test_llama2_stages(smoke_run):
         assert (run_dir / figure).stat().st_size > 1000, figure
 
 
+def test_llama2_ppo_stage(smoke_run):
+    "Three PPO runs from RS-2 (the paper's, β = 0, the oracle's reward), a metrics line per iteration, the KL zero at the start, the figures."
+    run_dir, _, _ = smoke_run
+    metrics = read(run_dir / "ppo" / "metrics.json")
+    assert {"ppo_reward_gain", "ppo_kl", "ppo_pass@1", "ppo_exec_pass@1", "ppo_no_kl_hacking"} <= set(metrics)
+    assert 0 <= metrics["ppo_pass@1"] <= 1 and 0 <= metrics["ppo_kept_iteration"] <= 3
+    assert (run_dir / "ppo" / "policy" / "config.json").is_file()
+    for run in ("ppo", "no_kl", "execution"):
+        rows = [json.loads(line) for line in (run_dir / "ppo" / f"train_{run}" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in rows] == [1, 2, 3], run  # smoke: 3 iterations
+        assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-3), run  # the first batch comes from π0 itself
+        assert {"rc", "oracle", "helpful_pass", "clip_fraction", "entropy"} <= set(rows[0]), run
+    results = read(run_dir / "ppo" / "results.json")
+    assert set(results["histories"]) == {"PPO", "PPO, β = 0", "PPO, execution reward"}
+    for figure in ("ppo/iterations.png", "ppo/reward_vs_kl.png"):
+        assert (run_dir / figure).stat().st_size > 1000, figure
+
+
 @pytest.mark.parametrize("stage, spoil, expected", [
     ("reward_model", "rating", "preferences.jsonl, row 1: unknown rating 'great'"),
     ("reward_model", "identical", "preferences.jsonl, row 1: chosen and rejected are the same response"),
     ("rejection_sampling", "head", "is not a reward model checkpoint: it has no scalar head (verifier_head.pt)"),
     ("rejection_sampling", "k", "rejection sampling needs K >= 1 samples per prompt, got 0"),
+    ("ppo", "ablations", "unknown PPO ablation(s) ['judge']: choose from no_kl, execution"),
 ])
 def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
     "Bad preference rows, a reward checkpoint without its scalar head, K < 1: exit 2, the message names the problem, no output is written."
@@ -318,6 +337,8 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif spoil == "head":
         (copy / "reward_model" / "helpful_rm" / "verifier_head.pt").unlink()
+    elif spoil == "ablations":
+        extra = ["--set", 'ppo.ablations=["judge"]']
     else:
         extra = ["--set", "rejection_sampling.k=0"]
     shutil.rmtree(copy / stage)
@@ -326,5 +347,6 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert read(copy / stage / "manifest.json")["status"] == "failed"
-    outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"]}[stage]
+    outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"],
+               "ppo": ["policy", "results.json"]}[stage]
     assert [o for o in outputs if (copy / stage / o).exists()] == []

@@ -226,7 +226,10 @@ PROFILES: dict[str, Profile] = {
              "rejection_sampling.helpful_prompts": 16, "rejection_sampling.unsafe_prompts": 4, "rejection_sampling.borderline_prompts": 4,
              "rejection_sampling.k": 4, "rejection_sampling.steps": 3, "rejection_sampling.micro_batch_size": 4, "rejection_sampling.warmup_steps": 1,
              "rejection_sampling.test_problems": 24, "rejection_sampling.eval_unsafe": 8, "rejection_sampling.eval_borderline": 8,
-             "rejection_sampling.max_new_tokens": 96},
+             "rejection_sampling.max_new_tokens": 96,
+             "ppo.helpful_prompts": 48, "ppo.unsafe_prompts": 8, "ppo.borderline_prompts": 8, "ppo.heldout_helpful": 8, "ppo.heldout_safety": 2,
+             "ppo.iterations": 3, "ppo.batch_size": 16, "ppo.mini_batch_size": 8, "ppo.eval_every": 2, "ppo.test_problems": 24,
+             "ppo.eval_unsafe": 8, "ppo.eval_borderline": 8, "ppo.max_new_tokens": 96},
         ),
         Profile(
             "gpu",

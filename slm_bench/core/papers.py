@@ -64,6 +64,10 @@ LLAMA2 = [
         "Meta Safety": {"chosen safe, other unsafe": 18.0, "both safe": 47.0, "both unsafe": 35.0}}),
     *_table("Llama 2", "safety threshold", "llama2.md 1.7 (§3.2.3, L229)", {
         "Safety RM, R_s < 0.15 as unsafe": {"precision": 89.0, "recall": 55.0}}),
+    *_table("Llama 2", "Table 30", "llama2.md 1.8 (§3.3, Table 30 prose) and Appendix Z6 for the turn numbers", {
+        "with GAtt": {"adherence, turn 2": 100.0, "adherence, turn 4": 100.0, "adherence, turn 6": 100.0, "adherence, turn 20": 100.0},
+        "without GAtt": {"adherence, turn 2": 100.0, "adherence, turn 4": 10.0, "adherence, turn 6": 0.0, "adherence, turn 20": 0.0}},
+        {("without GAtt", "adherence, turn 4"): "the seed: 100% at t+1, 10% at t+3, then 0%; turn numbers from Z6 (external)"}),
 ]
 
 # %% ../../nbs/core/04_papers.ipynb #a9372138

@@ -131,7 +131,7 @@ def reward_accuracy(model, rows: Sequence[dict]) -> dict:
 # %% ../../nbs/methods/08_llama2.ipynb #43b724fa
 def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyPrompt], sandbox, helpful_rm=None, safety_rm=None,
                         max_new_tokens: int = 160, seed: int = 0) -> dict:
-    "Greedy pass@1 on `problems`, refusal and action rates on the safety prompts, and mean rewards; per-item lists too."
+    "Greedy pass@1 on `problems`, refusal and action rates on the safety prompts, mean rewards and R_c; per-item lists too."
     import math
 
     from slm_bench.evals.metrics import accuracy_ci
@@ -155,4 +155,11 @@ def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyProm
         out["helpful_reward"] = accuracy_ci(sigmoid(reward_scores(helpful_rm, prompt_ids(problems), [g[0].token_ids for g in greedy])))
     if safety_rm is not None:
         out["safety_reward"] = accuracy_ci(sigmoid(reward_scores(safety_rm, prompt_ids(safety), [a[0].token_ids for a in answers])))
+    if helpful_rm is not None and safety_rm is not None:  # R_c of every greedy answer: problems first, then safety prompts
+        from slm_bench.methods.rejection_sampling import score_with_rc
+
+        scored = score_with_rc(helpful_rm, safety_rm, prompt_ids(problems) + prompt_ids(safety), [[g[0]] for g in greedy] + [[a[0]] for a in answers],
+                               [False] * len(problems) + [True] * len(safety))
+        out["rc_items"] = [g[0] for g in scored["rc"]]
+        out["rc"] = accuracy_ci(out["rc_items"])
     return out

@@ -19,9 +19,9 @@ from ..lm.packing import pack, prompt_completion_example
 # %% auto #0
 __all__ = ['STOP_STRINGS', 'record_problems', 'program_body', 'sft_examples', 'tinygsm_prompts', 'sample_solutions',
            'judge_solutions', 'mixed_temperature_samples', 'label_solutions', 'Trained', 'train_generator',
-           'train_verifier', 'pretrain_config', 'sft_config', 'verifier_config', 'pretrain_generator',
-           'label_checkpoints', 'PairRecipe', 'Pair', 'named_checkpoints', 'train_pair', 'verifier_picks',
-           'verifier_on_mixed', 'evaluate_generator']
+           'train_on_examples', 'train_verifier', 'pretrain_config', 'sft_config', 'verifier_config',
+           'pretrain_generator', 'label_checkpoints', 'PairRecipe', 'Pair', 'named_checkpoints', 'train_pair',
+           'verifier_picks', 'verifier_on_mixed', 'evaluate_generator']
 
 # %% ../../nbs/methods/00_tinygsm.ipynb #ddf1c9c7
 def record_problems(records: Sequence[dict]) -> list[Problem]:
@@ -129,6 +129,13 @@ def train_generator(model, tokenizer, records: Sequence[dict], config, out, seq_
     from slm_bench.train.engine import CausalLM
 
     return _train(model, CausalLM(), sft_examples(tokenizer, records), tokenizer, config, out, seq_len)
+
+
+def train_on_examples(model, tokenizer, examples: Sequence[dict], config, out, seq_len: int = 384) -> Trained:
+    "SFT on ready examples (`input_ids` and `labels`: the loss where labels are set), packed greedily into `seq_len` rows."
+    from slm_bench.train.engine import CausalLM
+
+    return _train(model, CausalLM(), list(examples), tokenizer, config, out, seq_len)
 
 
 def train_verifier(verifier, tokenizer, examples: list[dict], config, out, seq_len: int = 384) -> Trained:
