@@ -35,6 +35,15 @@ def test_reads_the_real_environment_stage():
     assert env.params["repeats"].help.startswith("timed repeats per size")
 
 
+def test_papermill_reads_every_parameter_of_every_real_stage():
+    "papermill parses a parameters line with its own pattern (an '=' in the comment defeats it): it must see what we see."
+    from papermill.translators import PythonTranslator
+
+    for name, stage in discover_stages(ROOT / "nbs" / "stages").items():
+        cell = next(c for c in nbformat.read(stage.notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+        assert [p.name for p in PythonTranslator.inspect(cell)] == list(stage.params), name
+
+
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_every_profile_fits_the_real_pipeline(profile):
     stages = discover_stages(ROOT / "nbs" / "stages")
