@@ -30,7 +30,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     summary = read(run_dir / "summary.json")
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
-        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"),
+        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -309,6 +309,22 @@ def test_llama2_ppo_stage(smoke_run):
     results = read(run_dir / "ppo" / "results.json")
     assert set(results["histories"]) == {"PPO", "PPO, β = 0", "PPO, execution reward"}
     for figure in ("ppo/iterations.png", "ppo/reward_vs_kl.png"):
+        assert (run_dir / figure).stat().st_size > 1000, figure
+
+
+def test_llama2_gatt_stage(smoke_run):
+    "Models with and without GAtt, adherence at every turn for both, the attention grid (turns × layers), the figures."
+    run_dir, _, _ = smoke_run
+    metrics = read(run_dir / "gatt" / "metrics.json")
+    assert {"gatt_adherence_turn4", "nogatt_adherence_turn4", "gatt_adherence_turn1", "gatt_examples"} <= set(metrics)  # smoke: 4 turns
+    assert all(0 <= metrics[k] <= 1 for k in ("gatt_adherence_turn4", "nogatt_adherence_turn4"))
+    for name in ("with_gatt", "without_gatt"):
+        assert read(run_dir / "gatt" / name / "config.json")["max_position_embeddings"] == 512, name
+    results = read(run_dir / "gatt" / "results.json")
+    assert {name: len(curve) for name, curve in results["adherence"].items()} == {"without GAtt": 4, "with GAtt": 4}
+    layers = read(run_dir / "gatt" / "with_gatt" / "config.json")["num_hidden_layers"]
+    assert {name: (len(grid), len(grid[0])) for name, grid in results["attention"].items()} == {"without GAtt": (3, layers), "with GAtt": (3, layers)}
+    for figure in ("gatt/adherence.png", "gatt/attention.png"):
         assert (run_dir / figure).stat().st_size > 1000, figure
 
 

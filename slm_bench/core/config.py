@@ -229,7 +229,10 @@ PROFILES: dict[str, Profile] = {
              "rejection_sampling.max_new_tokens": 96,
              "ppo.helpful_prompts": 48, "ppo.unsafe_prompts": 8, "ppo.borderline_prompts": 8, "ppo.heldout_helpful": 8, "ppo.heldout_safety": 2,
              "ppo.iterations": 3, "ppo.batch_size": 16, "ppo.mini_batch_size": 8, "ppo.eval_every": 2, "ppo.test_problems": 24,
-             "ppo.eval_unsafe": 8, "ppo.eval_borderline": 8, "ppo.max_new_tokens": 96},
+             "ppo.eval_unsafe": 8, "ppo.eval_borderline": 8, "ppo.max_new_tokens": 96,
+             "gatt.turns": 4, "gatt.context": 512, "gatt.chat_dialogues": 16, "gatt.chat_max_turns": 3, "gatt.gatt_dialogues": 6, "gatt.gatt_max_turns": 4,
+             "gatt.gatt_chat_replay": 4, "gatt.keep_adherent_only": False, "gatt.eval_dialogues": 5, "gatt.steps": 3, "gatt.gatt_steps": 2,
+             "gatt.micro_batch_size": 2, "gatt.warmup_steps": 1, "gatt.max_new_tokens": 16, "gatt.attention_turns": [1, 2, 4], "gatt.attention_dialogues": 2},
         ),
         Profile(
             "gpu",
