@@ -30,7 +30,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     summary = read(run_dir / "summary.json")
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
-        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"),
+        ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -326,6 +326,22 @@ def test_llama2_gatt_stage(smoke_run):
     assert {name: (len(grid), len(grid[0])) for name, grid in results["attention"].items()} == {"without GAtt": (3, layers), "with GAtt": (3, layers)}
     for figure in ("gatt/adherence.png", "gatt/attention.png"):
         assert (run_dir / figure).stat().st_size > 1000, figure
+
+
+def test_llama2_contamination_stage(smoke_run):
+    "Planted copies of test problems found dirty at every L, the verdicts for both models, the real benchmarks beside TinyGSM's and Phi-4's rules."
+    run_dir, _, _ = smoke_run
+    metrics = read(run_dir / "contamination" / "metrics.json")
+    assert metrics["contamination_planted_recall_L10"] == 1.0  # verbatim copies: every token inside a long match
+    assert 0 <= metrics["contamination_false_dirty_L10"] <= 18  # smoke: 24 problems, 6 planted
+    assert {"contamination_planted_detected", "contamination_planted_affects", "contamination_gsm8k_dirty", "contamination_svamp_dirty"} <= set(metrics)
+    results = read(run_dir / "contamination" / "results.json")
+    assert len(results["planted"]) == 6 and set(results["percents"]) == {"10", "20"}
+    assert all(results["percents"]["10"][i] == 100.0 for i in results["planted"])
+    assert set(results["verdicts"]) == {"SFT, L = 10", "SFT, L = 20", "SFT + planted, L = 10", "SFT + planted, L = 20"}
+    assert {k: v["samples"] for k, v in results["real"].items()} == {"gsm8k": 1319, "svamp": 1000}
+    assert {p.stem for p in (run_dir / "contamination" / "tables").glob("*.json")} == {"planted", "real"}
+    assert (run_dir / "contamination" / "contamination.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("stage, spoil, expected", [

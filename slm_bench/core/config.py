@@ -232,7 +232,10 @@ PROFILES: dict[str, Profile] = {
              "ppo.eval_unsafe": 8, "ppo.eval_borderline": 8, "ppo.max_new_tokens": 96,
              "gatt.turns": 4, "gatt.context": 512, "gatt.chat_dialogues": 16, "gatt.chat_max_turns": 3, "gatt.gatt_dialogues": 6, "gatt.gatt_max_turns": 4,
              "gatt.gatt_chat_replay": 4, "gatt.keep_adherent_only": False, "gatt.eval_dialogues": 5, "gatt.steps": 3, "gatt.gatt_steps": 2,
-             "gatt.micro_batch_size": 2, "gatt.warmup_steps": 1, "gatt.max_new_tokens": 16, "gatt.attention_turns": [1, 2, 4], "gatt.attention_dialogues": 2},
+             "gatt.micro_batch_size": 2, "gatt.warmup_steps": 1, "gatt.max_new_tokens": 16, "gatt.attention_turns": [1, 2, 4], "gatt.attention_dialogues": 2,
+             "contamination.test_problems": 24, "contamination.replay": 8, "contamination.steps": 3, "contamination.micro_batch_size": 4,
+             "contamination.warmup_steps": 1, "contamination.min_lengths": [10, 20], "contamination.real_sets": ["gsm8k", "svamp"],
+             "contamination.prose_texts": 200, "contamination.max_new_tokens": 96},
         ),
         Profile(
             "gpu",
