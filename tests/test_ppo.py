@@ -1,5 +1,6 @@
 """Llama 2's PPO: the reward shaping, GAE, the clipped loss by hand, and the loop on a toy reward (KL starts at zero, β holds the policy back)."""
 import copy
+import json
 import math
 
 import pytest
@@ -107,6 +108,8 @@ def test_ppo_raises_the_reward_it_is_given_and_the_kl_starts_at_zero(model, toke
     assert history[0]["kl"] == pytest.approx(0.0, abs=1e-4)  # the first batch is sampled from π0 itself
     assert history[-1]["share"] > history[0]["share"] + 0.3
     assert (tmp_path / "ppo" / "final" / "config.json").is_file()
+    _toy_run(model, tokenizer, tmp_path / "ppo", iterations=2)  # a restart in the same folder starts the log afresh
+    assert [json.loads(line)["iteration"] for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_the_kl_penalty_holds_the_policy_near_its_start(model, tokenizer, tmp_path):
