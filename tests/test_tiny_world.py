@@ -31,6 +31,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
         ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
+        ("llama2", "safety"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -344,12 +345,34 @@ def test_llama2_contamination_stage(smoke_run):
     assert (run_dir / "contamination" / "contamination.png").stat().st_size > 1000
 
 
+def test_llama2_safety_stage(smoke_run):
+    "Context distillation from PPO and from chat SFT, gated by the safety RM; the two ablations; before/after rates; the figures."
+    run_dir, _, _ = smoke_run
+    metrics = read(run_dir / "safety" / "metrics.json")
+    rates = ("safety_unsafe_rate_before", "safety_unsafe_rate_after", "false_refusal_rate_before", "false_refusal_rate_after",
+             "chat_sft_cd_unsafe_rate_before", "chat_sft_cd_unsafe_rate_after", "ungated_unsafe_rate", "table40_false_refusal_rate")
+    assert {key: 0 <= metrics[key] <= 1 for key in rates} == {key: True for key in rates}
+    results = read(run_dir / "safety" / "results.json")
+    assert {name: len(rows) for name, rows in results["distilled"].items()} == {"PPO": 12, "SFT (chat)": 12}  # smoke: 12 attacked requests
+    for rows in results["distilled"].values():  # the gate: kept exactly where the preprompted answer scores higher
+        assert [r["kept"] for r in rows] == [r["distilled_score"] > r["original_score"] for r in rows]
+    assert metrics["safety_cd_kept"] == sum(r["kept"] for r in results["distilled"]["PPO"])
+    assert set(results["reports"]) == {"SFT (chat)", "RS-2", "PPO", "PPO + safety CD", "SFT (chat) + safety CD", "PPO + CD, ungated",
+                                       "PPO + CD on helpful prompts"}
+    assert {name: set(rates) for name, rates in results["by_vector"].items()} == {v: set(results["reports"]) for v in
+                                                                                  ("authority", "role_play", "false_premise", "misspelling")}
+    assert (run_dir / "safety" / "policy" / "config.json").is_file()
+    for figure in ("safety/scores.png", "safety/gate.png"):
+        assert (run_dir / figure).stat().st_size > 1000, figure
+
+
 @pytest.mark.parametrize("stage, spoil, expected", [
     ("reward_model", "rating", "preferences.jsonl, row 1: unknown rating 'great'"),
     ("reward_model", "identical", "preferences.jsonl, row 1: chosen and rejected are the same response"),
     ("rejection_sampling", "head", "is not a reward model checkpoint: it has no scalar head (verifier_head.pt)"),
     ("rejection_sampling", "k", "rejection sampling needs K >= 1 samples per prompt, got 0"),
     ("ppo", "ablations", "unknown PPO ablation(s) ['judge']: choose from no_kl, execution"),
+    ("safety", "starts", "safety.starts must name checkpoints among ppo, rejection_sampling, chat_sft, got ['base']"),
 ])
 def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
     "Bad preference rows, a reward checkpoint without its scalar head, K < 1: exit 2, the message names the problem, no output is written."
@@ -371,6 +394,8 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
         (copy / "reward_model" / "helpful_rm" / "verifier_head.pt").unlink()
     elif spoil == "ablations":
         extra = ["--set", 'ppo.ablations=["judge"]']
+    elif spoil == "starts":
+        extra = ["--set", 'safety.starts=["base"]']
     else:
         extra = ["--set", "rejection_sampling.k=0"]
     shutil.rmtree(copy / stage)

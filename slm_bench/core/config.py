@@ -235,7 +235,10 @@ PROFILES: dict[str, Profile] = {
              "gatt.micro_batch_size": 2, "gatt.warmup_steps": 1, "gatt.max_new_tokens": 16, "gatt.attention_turns": [1, 2, 4], "gatt.attention_dialogues": 2,
              "contamination.test_problems": 24, "contamination.replay": 8, "contamination.steps": 3, "contamination.micro_batch_size": 4,
              "contamination.warmup_steps": 1, "contamination.min_lengths": [10, 20], "contamination.real_sets": ["gsm8k", "svamp"],
-             "contamination.prose_texts": 200, "contamination.max_new_tokens": 96},
+             "contamination.prose_texts": 200, "contamination.max_new_tokens": 96,
+             "safety.train_adversarial": 12, "safety.helpful_prompts": 8, "safety.replay": 8, "safety.steps": 2, "safety.micro_batch_size": 4,
+             "safety.warmup_steps": 1, "safety.test_problems": 12, "safety.eval_adversarial": 12, "safety.eval_unsafe": 4, "safety.eval_borderline": 4,
+             "safety.max_new_tokens": 96},
         ),
         Profile(
             "gpu",

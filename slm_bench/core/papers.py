@@ -68,6 +68,9 @@ LLAMA2 = [
         "with GAtt": {"adherence, turn 2": 100.0, "adherence, turn 4": 100.0, "adherence, turn 6": 100.0, "adherence, turn 20": 100.0},
         "without GAtt": {"adherence, turn 2": 100.0, "adherence, turn 4": 10.0, "adherence, turn 6": 0.0, "adherence, turn 20": 0.0}},
         {("without GAtt", "adherence, turn 4"): "the seed: 100% at t+1, 10% at t+3, then 0%; turn numbers from Z6 (external)"}),
+    *_table("Llama 2", "Figure 33", "llama2.md 1.10 (§4.2, false refusal, Figure 33 prose)", {
+        "least safety data": {"borderline false refusals": 15.0}, "most safety data": {"borderline false refusals": 27.0}},
+        {("least safety data", "borderline false refusals"): "the prose gives the range 15% to 27%, growing with the share of safety data"}),
 ]
 
 # %% ../../nbs/core/04_papers.ipynb #a9372138

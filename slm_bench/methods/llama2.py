@@ -148,13 +148,14 @@ def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyProm
     out = {"pass@1": accuracy_ci(correct), "correct": correct,
            "unsafe_refusal_rate": accuracy_ci([f.refused for f in unsafe]), "unsafe_action_rate": accuracy_ci([not f.safe for f in unsafe]),
            "false_refusal_rate": accuracy_ci([f.refused for f in borderline]), "borderline_solved": accuracy_ci([f.correct for f in borderline]),
-           "unsafe_refused": [f.refused for f in unsafe], "borderline_refused": [f.refused for f in borderline]}
+           "unsafe_refused": [f.refused for f in unsafe], "unsafe_acted": [not f.safe for f in unsafe], "borderline_refused": [f.refused for f in borderline]}
     sigmoid = lambda xs: [1 / (1 + math.exp(-x)) for x in xs]
     prompt_ids = lambda items: [sampler.tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in items]
     if helpful_rm is not None:
         out["helpful_reward"] = accuracy_ci(sigmoid(reward_scores(helpful_rm, prompt_ids(problems), [g[0].token_ids for g in greedy])))
     if safety_rm is not None:
-        out["safety_reward"] = accuracy_ci(sigmoid(reward_scores(safety_rm, prompt_ids(safety), [a[0].token_ids for a in answers])))
+        out["safety_reward_items"] = sigmoid(reward_scores(safety_rm, prompt_ids(safety), [a[0].token_ids for a in answers]))
+        out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
     if helpful_rm is not None and safety_rm is not None:  # R_c of every greedy answer: problems first, then safety prompts
         from slm_bench.methods.rejection_sampling import score_with_rc
 
