@@ -405,5 +405,5 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert read(copy / stage / "manifest.json")["status"] == "failed"
     outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"],
-               "ppo": ["policy", "results.json"]}[stage]
+               "ppo": ["policy", "results.json"], "safety": ["policy", "results.json"]}[stage]
     assert [o for o in outputs if (copy / stage / o).exists()] == []
