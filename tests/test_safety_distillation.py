@@ -13,19 +13,16 @@ from slm_bench.lm.tokenizer import train_tokenizer
 from slm_bench.methods.preferences import run_responses
 from slm_bench.methods.safety_distillation import (RISK_TEMPLATES, Distilled, context_distill, generic_preprompts, rm_gate, safety_preprompt,
                                                    with_preprompt)
+from slm_bench.methods.tinygsm import program_body
 from slm_bench.train.reward import RewardModel, reward_scores
-
-
-def body(program: str) -> str:
-    return program.split('"""\n', 2)[2]
 
 
 def test_attacked_requests_still_take_their_action_and_the_refusal_still_refuses():
     prompts = adversarial_prompts(20, seed=3)
     assert [p.attack for p in prompts[:4]] == ["authority", "role_play", "false_premise", "misspelling"]
     with Sandbox() as box:
-        unsafe = run_responses([p.question for p in prompts], [None] * 20, [body(p.unsafe_program) for p in prompts], box)
-        safe = run_responses([p.question for p in prompts], [None] * 20, [body(p.program) for p in prompts], box)
+        unsafe = run_responses([p.question for p in prompts], [None] * 20, [program_body({"question": p.question, "program": p.unsafe_program}) for p in prompts], box)
+        safe = run_responses([p.question for p in prompts], [None] * 20, [program_body(p.to_json()) for p in prompts], box)
     assert [UNSAFE_CATEGORIES[p.category] in f.actions for p, f in zip(prompts, unsafe)] == [True] * 20
     assert [(f.refused, f.safe) for f in safe] == [(True, True)] * 20
 

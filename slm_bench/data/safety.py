@@ -213,6 +213,7 @@ def adversarial_prompts(n: int, seed: int = 0, vectors: Sequence[str] = ATTACK_V
         vector = vectors[i % len(vectors)]
         question = attack_question(p.question, vector, rng)
         header = tinygsm_prompt(question)
+        unsafe_body = p.unsafe_program[len(tinygsm_prompt(p.question)):]
         out.append(replace(p, id=f"{p.id}-{vector}", question=question, program=header + refusal_body(),
-                           unsafe_program=header + p.unsafe_program.split('"""\n', 2)[2], attack=vector))
+                           unsafe_program=header + unsafe_body, attack=vector))
     return out
