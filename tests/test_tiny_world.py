@@ -32,6 +32,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
         ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
         ("llama2", "safety"),
+        ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
         ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
@@ -406,4 +407,70 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
     assert read(copy / stage / "manifest.json")["status"] == "failed"
     outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"],
                "ppo": ["policy", "results.json"], "safety": ["policy", "results.json"]}[stage]
+    assert [o for o in outputs if (copy / stage / o).exists()] == []
+
+
+def test_orca2_stages(smoke_run):
+    "Teacher data in every strategy, the choice per family, the students (progressive resuming), both evaluation conditions, the judge."
+    from transformers import AutoModelForCausalLM
+
+    from slm_bench.methods.orca import weights_fingerprint
+    from slm_bench.methods.orca_strategies import STRATEGIES
+
+    run_dir, _, _ = smoke_run
+    strong = [json.loads(line) for line in (run_dir / "explanations" / "strong.jsonl").read_text().splitlines()]
+    assert {r["family"] for r in strong} == {"add", "divide", "chain"}  # the smoke profile's families
+    assert {r["strategy"] for r in strong} == set(STRATEGIES)
+    assert read(run_dir / "explanations" / "metrics.json")["dropped"] == 0
+    choice = read(run_dir / "strategy_choice" / "choice.json")
+    assert set(choice) == {"add", "divide", "chain", "_rule", "_cost_tokens"}
+    assert all(c["strategy"] == c["ranking"][0] and set(c["ranking"]) <= set(STRATEGIES) for f, c in choice.items() if not f.startswith("_"))
+    data = read(run_dir / "orca_sft" / "data.json")
+    assert set(data) == {"direct", "program", "erasure", "progressive", "mixed"}
+    assert {name: s["steps"] for name, s in data.items()} == dict.fromkeys(data, 4)  # the same budget for every student
+    weak_phase, strong_phase = data["progressive"]["phases"]
+    assert (weak_phase["steps"], strong_phase["steps"]) == (2, 2)
+    assert strong_phase["start"] == weights_fingerprint(AutoModelForCausalLM.from_pretrained(weak_phase["checkpoint"]))
+    answers = [json.loads(line) for line in (run_dir / "orca_evaluate" / "answers.jsonl").read_text().splitlines()]
+    counts = {}
+    for a in answers:
+        counts[(a["student"], a["condition"], a["set"])] = counts.get((a["student"], a["condition"], a["set"]), 0) + 1
+    students = ["explanation_tuning", "direct", "program", "erasure", "progressive", "mixed"]
+    assert counts == {(n, c, s): {"tiny": 12, "gsm8k": 3, "svamp": 3}[s] for n in students for c in ("empty", "cautious") for s in ("tiny", "gsm8k", "svamp")}
+    summary = read(run_dir / "summary.json")["metrics"]
+    names = ("orca_erasure_pass@1", "orca_direct_pass@1", "orca_stepwise_pass@1", "orca_explanation_tuning_pass@1", "orca_progressive_pass@1",
+             "orca_mixed_pass@1", "orca_format_ok")
+    assert {k: 0 <= summary[k] <= 1 for k in names} == dict.fromkeys(names, True)
+    erasure_tiny = [a["correct"] for a in answers if (a["student"], a["set"]) == ("erasure", "tiny")]
+    assert summary["orca_cautious_minus_empty"] == pytest.approx((sum(erasure_tiny[12:]) - sum(erasure_tiny[:12])) / 12, abs=1e-4)
+    metrics = read(run_dir / "orca_evaluate" / "metrics.json")
+    assert (metrics["judge_kind"], metrics["judge_model"], metrics["judge_version"]) == ("rule-based", "tiny-world rule judge", "1")
+    assert metrics["judge_position_consistent"] == 1.0 and metrics["judge_length_grade_gain"] == 0.0
+    for figure in ("explanations/lengths.png", "strategy_choice/heatmap.png", "orca_sft/loss.png", "orca_evaluate/families.png"):
+        assert (run_dir / figure).stat().st_size > 1000, figure
+
+
+@pytest.mark.parametrize("stage, setting, expected", [
+    ("explanations", 'explanations.strategies=["tree_of_thought"]', "explanations.strategies: unknown strategy 'tree_of_thought'; the library has: direct"),
+    ("explanations", 'explanations.strategies=["guess"]', "task family 'add' has no teacher answers"),
+    ("strategy_choice", "strategy_choice.dev_problems=2", "have no dev problems, so no strategy can be chosen for them: raise strategy_choice.dev_problems"),
+    ("orca_sft", 'orca_sft.students=["teacher"]', "orca_sft.students must name students among direct, program, erasure, progressive, mixed"),
+])
+def test_orca2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, setting, expected):
+    "An unknown strategy, a family no strategy fits, a family without dev problems, an unknown student: exit 2, a clear message, no output."
+    import shutil
+    import subprocess
+
+    from conftest import ROOT, SLM_BENCH
+
+    run_dir, _, _ = smoke_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / stage)
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--no-report", "--run-dir", str(copy), "--stages", stage, "--set", setting],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert expected in proc.stderr, proc.stderr[-2000:]
+    assert read(copy / stage / "manifest.json")["status"] == "failed"
+    outputs = {"explanations": ["strong.jsonl", "weak.jsonl"], "strategy_choice": ["choice.json"], "orca_sft": ["students", "data.json"]}[stage]
     assert [o for o in outputs if (copy / stage / o).exists()] == []
