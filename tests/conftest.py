@@ -1,7 +1,10 @@
 """Shared fixtures: the real `slm-bench` console script, the test pipelines, and file-tree snapshots."""
+import contextlib
 import os
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "tests" / "pipelines"
 SLM_BENCH = Path(sys.executable).parent / "slm-bench"
+
+
+@contextlib.contextmanager
+def served_checkpoint(checkpoint, timeout: float = 60):
+    "A real `slm-bench serve` of `checkpoint` on a free loopback port: yields its URL; the server stops afterwards."
+    proc = subprocess.Popen([str(SLM_BENCH), "serve", str(checkpoint), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline, line = time.time() + timeout, ""
+    while time.time() < deadline and "serving" not in line:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+        if proc.poll() is not None:
+            raise RuntimeError(f"slm-bench serve exited: {proc.stderr.read()}")
+    try:
+        yield line.split(" at ", 1)[1].split(" ;")[0].strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 class CliResult:

@@ -1,13 +1,8 @@
 """Orca 2's pieces against known answers: every strategy's format read back, prompt erasure, the choice rule, the few-shot
 builder, the curriculum's resume, the LLM teacher and judge through a real `slm-bench serve`, and the rule-based judge."""
-import random
-import select
-import subprocess
-import time
-
 import pytest
 
-from conftest import SLM_BENCH
+from conftest import served_checkpoint
 from slm_bench.core.errors import BadInput
 from slm_bench.data.synth import ProceduralTeacher
 from slm_bench.evals.judge import JudgeItem, RuleJudge, SamplerJudge, grade_turns, length_bias, parse_rating, position_bias
@@ -60,16 +55,26 @@ def test_an_unknown_strategy_and_an_unreadable_answer_are_clear(problems):
     assert [r["id"] for r in kept] == [r["id"] for i, r in enumerate(records) if i != 1]
 
 
-def test_guess_and_check_fits_only_a_final_exact_division(problems):
+def test_guess_and_check_fits_exactly_the_problems_whose_last_step_is_an_exact_division(problems):
+    import re
+    from fractions import Fraction
+
+    fitting = 0
     for p in problems:
         steps = problem_steps(p)
-        last = steps[-1].expr
-        exact = ("//" in last or "/" in last.replace("//", "")) and _value(steps[:-1] + [steps[-1]])[steps[-1].var] is not None
-        if STRATEGIES["guess"].fits(steps):
-            assert exact and "Try" in STRATEGIES["guess"].write(steps)
-        elif "//" not in last and "/" not in last:
+        env = _value(steps)
+        value = lambda token: env[token] if token in env else Fraction(token)
+        division = re.fullmatch(r"(\w+) (//|/) (\w+)", steps[-1].expr)
+        exact = bool(division) and value(division.group(3)) > 1 and value(division.group(1)) % value(division.group(3)) == 0
+        assert STRATEGIES["guess"].fits(steps) == exact, p.question
+        if exact:
+            fitting += 1
+            text = STRATEGIES["guess"].write(steps)
+            assert text.endswith(f"right.\n#### {env[steps[-1].var]}") and text.count("Try") in (1, 2)
+        else:
             with pytest.raises(BadInput, match="does not fit"):
                 STRATEGIES["guess"].write(steps)
+    assert 0 < fitting < len(problems)
 
 
 def test_prompt_erasure_replaces_only_the_system_message(problems):
@@ -177,18 +182,8 @@ def wide_checkpoint(tmp_path_factory, problems):
 @pytest.fixture(scope="module")
 def served(wide_checkpoint):
     "A real `slm-bench serve` of that checkpoint: its URL."
-    proc = subprocess.Popen([str(SLM_BENCH), "serve", str(wide_checkpoint), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline, line = time.time() + 60, ""
-    while time.time() < deadline and "serving" not in line:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-        if proc.poll() is not None:
-            raise RuntimeError(f"slm-bench serve exited: {proc.stderr.read()}")
-    yield line.split(" at ", 1)[1].split(" ;")[0].strip()
-    proc.terminate()
-    proc.wait(timeout=10)
+    with served_checkpoint(wide_checkpoint) as url:
+        yield url
 
 
 def test_an_llm_teacher_and_an_llm_judge_through_a_real_server(served, wide_checkpoint, problems):

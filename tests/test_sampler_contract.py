@@ -1,12 +1,9 @@
 """One contract, every backend present: HF (lean and generate) always, HTTP through a real `slm-bench serve`, vLLM on a GPU."""
-import select
-import subprocess
-import time
 
 import pytest
 import torch
 
-from conftest import SLM_BENCH
+from conftest import served_checkpoint
 from slm_bench.core.errors import BadInput
 from slm_bench.infer.http import HTTPSampler, RemoteError
 from slm_bench.infer.sampling import HFSampler, SamplingParams, default_stop_ids
@@ -20,19 +17,8 @@ def reference(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
-    proc = subprocess.Popen([str(SLM_BENCH), "serve", str(tiny_checkpoint), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline, line = time.time() + 60, ""
-    while time.time() < deadline and "serving" not in line:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-        if proc.poll() is not None:
-            raise RuntimeError(f"slm-bench serve exited: {proc.stderr.read()}")
-    url = line.split(" at ", 1)[1].split(" ;")[0].strip()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with served_checkpoint(tiny_checkpoint) as url:
+        yield url
 
 
 def _vllm_available():
