@@ -374,9 +374,14 @@ def test_llama2_safety_stage(smoke_run):
     ("rejection_sampling", "k", "rejection sampling needs K >= 1 samples per prompt, got 0"),
     ("ppo", "ablations", "unknown PPO ablation(s) ['judge']: choose from no_kl, execution"),
     ("safety", "starts", "safety.starts must name checkpoints among ppo, rejection_sampling, chat_sft, got ['base']"),
+    ("explanations", 'set:explanations.strategies=["tree_of_thought"]', "explanations.strategies: unknown strategy 'tree_of_thought'; the library has: direct"),
+    ("explanations", 'set:explanations.strategies=["guess"]', "task family 'add' has no teacher answers"),
+    ("strategy_choice", "set:strategy_choice.dev_problems=2", "have no dev problems, so no strategy can be chosen for them: raise strategy_choice.dev_problems"),
+    ("orca_sft", 'set:orca_sft.students=["teacher"]', "orca_sft.students must name students among direct, program, erasure, progressive, mixed"),
 ])
-def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
-    "Bad preference rows, a reward checkpoint without its scalar head, K < 1: exit 2, the message names the problem, no output is written."
+def test_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
+    """Bad preference rows, a reward checkpoint without its scalar head, K < 1, an unknown strategy, a family no strategy fits,
+    a family without dev problems: exit 2, the message names the problem, no output is written."""
     import shutil
     import subprocess
 
@@ -397,6 +402,8 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
         extra = ["--set", 'ppo.ablations=["judge"]']
     elif spoil == "starts":
         extra = ["--set", 'safety.starts=["base"]']
+    elif spoil.startswith("set:"):
+        extra = ["--set", spoil.removeprefix("set:")]
     else:
         extra = ["--set", "rejection_sampling.k=0"]
     shutil.rmtree(copy / stage)
@@ -406,7 +413,8 @@ def test_llama2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_ru
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert read(copy / stage / "manifest.json")["status"] == "failed"
     outputs = {"reward_model": ["helpful_rm", "safety_rm", "results.json"], "rejection_sampling": ["rs1", "rs2", "results.json"],
-               "ppo": ["policy", "results.json"], "safety": ["policy", "results.json"]}[stage]
+               "ppo": ["policy", "results.json"], "safety": ["policy", "results.json"], "explanations": ["strong.jsonl", "weak.jsonl"],
+               "strategy_choice": ["model", "choice.json"], "orca_sft": ["students", "data.json"]}[stage]
     assert [o for o in outputs if (copy / stage / o).exists()] == []
 
 
@@ -448,29 +456,3 @@ def test_orca2_stages(smoke_run):
     assert metrics["judge_position_consistent"] == 1.0 and metrics["judge_length_grade_gain"] == 0.0
     for figure in ("explanations/lengths.png", "strategy_choice/heatmap.png", "orca_sft/loss.png", "orca_evaluate/families.png"):
         assert (run_dir / figure).stat().st_size > 1000, figure
-
-
-@pytest.mark.parametrize("stage, setting, expected", [
-    ("explanations", 'explanations.strategies=["tree_of_thought"]', "explanations.strategies: unknown strategy 'tree_of_thought'; the library has: direct"),
-    ("explanations", 'explanations.strategies=["guess"]', "task family 'add' has no teacher answers"),
-    ("strategy_choice", "strategy_choice.dev_problems=2", "have no dev problems, so no strategy can be chosen for them: raise strategy_choice.dev_problems"),
-    ("orca_sft", 'orca_sft.students=["teacher"]', "orca_sft.students must name students among direct, program, erasure, progressive, mixed"),
-])
-def test_orca2_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, setting, expected):
-    "An unknown strategy, a family no strategy fits, a family without dev problems, an unknown student: exit 2, a clear message, no output."
-    import shutil
-    import subprocess
-
-    from conftest import ROOT, SLM_BENCH
-
-    run_dir, _, _ = smoke_run
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
-    shutil.rmtree(copy / stage)
-    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--no-report", "--run-dir", str(copy), "--stages", stage, "--set", setting],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert expected in proc.stderr, proc.stderr[-2000:]
-    assert read(copy / stage / "manifest.json")["status"] == "failed"
-    outputs = {"explanations": ["strong.jsonl", "weak.jsonl"], "strategy_choice": ["choice.json"], "orca_sft": ["students", "data.json"]}[stage]
-    assert [o for o in outputs if (copy / stage / o).exists()] == []
