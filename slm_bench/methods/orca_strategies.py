@@ -121,8 +121,7 @@ def _division(steps: Sequence[Step]) -> tuple[int, int, int] | None:
     if last.is_given or not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))):
         return None
     env = _value(steps)
-    names = {**{k: v for k, v in env.items()}}
-    value = lambda n: names[n.id] if isinstance(n, ast.Name) else Fraction(ast.unparse(n)) if isinstance(n, ast.Constant) else None
+    value = lambda n: env[n.id] if isinstance(n, ast.Name) else Fraction(ast.unparse(n)) if isinstance(n, ast.Constant) else None
     x, d = value(node.left), value(node.right)
     if x is None or d is None or d <= 1 or x.denominator != 1 or d.denominator != 1 or x % d:
         return None
