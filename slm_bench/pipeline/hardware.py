@@ -40,8 +40,10 @@ def _memory_gib() -> float | None:
 
 # %% ../../nbs/pipeline/04_hardware.ipynb #31df0aa1
 def collect_environment() -> dict:
-    "Versions (Python, torch, transformers, CUDA), CPU, memory, threads and GPUs of this machine."
+    "Versions (Python, torch, transformers, CUDA), CPU, memory, threads, GPUs and training precision of this machine."
     import torch
+
+    from slm_bench.train.engine import resolve_precision
 
     env = {
         "versions": {**package_versions(), "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None},
@@ -51,6 +53,7 @@ def collect_environment() -> dict:
                 "torch_threads": torch.get_num_threads()},
         "memory_gib": _memory_gib(),
         "gpus": [],
+        "training_precision": resolve_precision("auto"),  # what the training engine's `auto` means here
     }
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,10 +24,13 @@ from ..lm.packing import IGNORE
 from ..core.store import atomic_write_json, read_json, read_jsonl
 
 # %% auto #0
-__all__ = ['TrainConfig', 'warmup_for', 'make_optimizer', 'make_schedule', 'Objective', 'CausalLM', 'PackedRows',
-           'latest_checkpoint', 'Trainer', 'read_metrics']
+__all__ = ['PRECISIONS', 'PRECISION_ENV', 'TrainConfig', 'warmup_for', 'make_optimizer', 'make_schedule', 'Objective', 'CausalLM',
+           'PackedRows', 'latest_checkpoint', 'native_bf16', 'resolve_precision', 'Trainer', 'read_metrics']
 
 # %% ../../nbs/train/00_engine.ipynb #ab094b92
+PRECISIONS = ("auto", "no", "bf16", "fp16")  # TrainConfig.mixed_precision: auto, or accelerate's own names
+
+
 @dataclass
 class TrainConfig:
     "Everything the engine needs besides model, objective and data."
@@ -44,12 +49,14 @@ class TrainConfig:
     checkpoint_at: tuple[int, ...] = ()  # named steps kept as HF checkpoints (TinyGSM keeps 1k/6k/12k)
     log_every: int = 1
     seed: int = 0
-    mixed_precision: str = "auto"  # auto: bf16 on GPU, none on CPU; or "no" / "bf16"
+    mixed_precision: str = "auto"  # auto: bf16 autocast where the hardware computes bf16 natively (see `resolve_precision`); or "no" / "bf16"
     progress: bool = True
 
     def __post_init__(self):
         if self.steps < 1 or self.micro_batch_size < 1 or self.grad_accum < 1:
             raise BadInput("steps, micro_batch_size and grad_accum must be at least 1")
+        if self.mixed_precision not in PRECISIONS:
+            raise BadInput(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise BadInput(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
         if not 0 <= self.warmup_steps <= self.steps:
@@ -171,6 +178,34 @@ def latest_checkpoint(out: Path | str) -> Path | None:
     return complete[-1] if complete else None
 
 # %% ../../nbs/train/00_engine.ipynb #8ed50376
+def native_bf16() -> bool:
+    "Whether this machine computes bf16 in hardware: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX-BF16."
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no cheap, reliable way to ask, so full precision
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+PRECISION_ENV = "SLM_BENCH_MIXED_PRECISION"  # "no" or "bf16": what `auto` means on this machine, e.g. no for an fp32 rerun
+
+
+def resolve_precision(requested: str = "auto") -> str:
+    """accelerate's `mixed_precision` for a `TrainConfig.mixed_precision`. `auto` is bf16 autocast (fp32 master weights)
+    where the hardware computes bf16 natively, none elsewhere (emulated bf16 is slower than fp32);
+    `SLM_BENCH_MIXED_PRECISION` overrides `auto`."""
+    if requested != "auto":
+        return requested
+    forced = os.environ.get(PRECISION_ENV, "").strip()
+    if forced:
+        if forced not in ("no", "bf16"):
+            raise BadInput(f"{PRECISION_ENV}={forced!r}: use no or bf16 (or unset it for auto)")
+        return forced
+    return "bf16" if native_bf16() else "no"
+
+
 class Trainer:
     "Train `model` on `data` (a `PackedRows`) with `objective`; writes metrics.jsonl, checkpoints and final/ under `out_dir`."
 
@@ -180,13 +215,14 @@ class Trainer:
 
         self.config, self.objective, self.data, self.tokenizer = config, objective, data, tokenizer
         self.out = Path(out_dir)
-        precision = config.mixed_precision
-        if precision == "auto":
-            precision = "bf16" if torch.cuda.is_available() else "no"
+        self.precision = resolve_precision(config.mixed_precision)
         set_seed(config.seed)
         # cpu=True without CUDA lets `torchrun`/`accelerate launch` with several processes use gloo on CPU,
-        # the same data-parallel path as several GPUs
-        self.accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=1, cpu=not torch.cuda.is_available())
+        # the same data-parallel path as several GPUs. On CPU the engine applies bf16 autocast itself: accelerate's
+        # precision is one per process, and tests and notebooks train in both precisions in one process.
+        on_gpu = torch.cuda.is_available()
+        self.accelerator = Accelerator(mixed_precision=self.precision if on_gpu else "no", gradient_accumulation_steps=1, cpu=not on_gpu)
+        self.cpu_autocast = not on_gpu and self.precision == "bf16"
         optimizer = make_optimizer(model, config)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.schedule = make_schedule(self.optimizer, config)
@@ -215,7 +251,8 @@ def _train_step(self: Trainer) -> dict:
     lr = self.schedule.get_last_lr()[0]
     for i, batch in enumerate(batches):
         sync = i == len(batches) - 1
-        with (contextlib.nullcontext() if sync else acc.no_sync(self.model)), acc.autocast():
+        with (contextlib.nullcontext() if sync else acc.no_sync(self.model)), acc.autocast(), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_autocast):
             loss, metrics = self.objective.loss(self.model, batch)
         # DDP averages gradients over processes; scale so the result is the sum over all terms / total_units
         acc.backward(loss * acc.num_processes / total_units)
@@ -326,7 +363,7 @@ def _train(self: Trainer, resume: bool = True) -> dict:
         from slm_bench.lm.models import save_checkpoint
         save_checkpoint(acc.unwrap_model(self.model), self.tokenizer, self.out / "final")
     acc.wait_for_everyone()
-    return last
+    return {**last, "precision": self.precision}
 
 
 Trainer.train = _train
