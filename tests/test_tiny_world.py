@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from slm_bench.data.mixture import Source, epochs
+from slm_bench.train.engine import CausalLM, resolve_precision
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +256,7 @@ def test_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
     determined = read(again / "pretrain" / "manifest.json")["determined_by"]  # what the manifest says decided the numbers
     assert determined["seeds"] == {"seed": 0} and determined["torch_threads"] == torch.get_num_threads()
     assert determined["cpu"]["flags"] and determined["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert determined["training_precision"] == resolve_precision("auto", CausalLM())  # bf16 autocast where the CPU has AVX512-BF16
 
 
 def test_llama2_stages(smoke_run):

@@ -94,15 +94,17 @@ def _cpu() -> dict:
 
 
 def runtime_facts(hash_seed: str | None = None) -> dict:
-    """Threads, CPU, torch's kernel choice and the string-hash seed (as it was when the process started: pass it in) of this
+    """Threads, CPU, torch's kernel choice, the engine's training precision and the string-hash seed (as it was when the process started: pass it in) of this
     process; torch's only when torch is already imported (a stage that does not use it pays nothing)."""
     facts = {"python_hash_seed": hash_seed if hash_seed is not None else "random", "cpu": _cpu(), "logical_cores": os.cpu_count(),
-             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")}}
+             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "SLM_BENCH_MIXED_PRECISION")}}
     torch = sys.modules.get("torch")
     if torch is None:
         return facts
+    from slm_bench.train.engine import CausalLM, resolve_precision
+
     return {**facts, "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "training_precision": resolve_precision("auto", CausalLM()),
             "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "cuda": torch.version.cuda}
 
 # %% ../../nbs/pipeline/01_context.ipynb #0de3802a

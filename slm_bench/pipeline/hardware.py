@@ -43,7 +43,7 @@ def collect_environment() -> dict:
     "Versions (Python, torch, transformers, CUDA), CPU, memory, threads, GPUs and training precision of this machine."
     import torch
 
-    from slm_bench.train.engine import resolve_precision
+    from slm_bench.train.engine import CausalLM, resolve_precision
 
     env = {
         "versions": {**package_versions(), "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None},
@@ -53,7 +53,7 @@ def collect_environment() -> dict:
                 "torch_threads": torch.get_num_threads()},
         "memory_gib": _memory_gib(),
         "gpus": [],
-        "training_precision": resolve_precision("auto"),  # what the training engine's `auto` means here
+        "training_precision": resolve_precision("auto", CausalLM()),  # the engine's `auto` for next-token training here
     }
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):

@@ -91,6 +91,7 @@ def make_schedule(optimizer, config: TrainConfig):
 class Objective(Protocol):
     "What a training objective provides to the engine."
     name: str
+    cpu_bf16: bool = False  # whether `auto` precision may use bf16 autocast for it on a CPU (see `resolve_precision`)
 
     def units(self, batch: dict) -> int:
         "How many loss terms `loss` sums over for this batch."
@@ -106,6 +107,7 @@ class CausalLM:
     `position_ids` keep packed examples from attending to each other (see `packing`). `use_cache=False`
     matters: with a cache object present transformers skips its packed-sequence detection."""
     name = "causal_lm"
+    cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
 
     def units(self, batch: dict) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
@@ -192,10 +194,11 @@ def native_bf16() -> bool:
 PRECISION_ENV = "SLM_BENCH_MIXED_PRECISION"  # "no" or "bf16": what `auto` means on this machine, e.g. no for an fp32 rerun
 
 
-def resolve_precision(requested: str = "auto") -> str:
-    """accelerate's `mixed_precision` for a `TrainConfig.mixed_precision`. `auto` is bf16 autocast (fp32 master weights)
-    where the hardware computes bf16 natively, none elsewhere (emulated bf16 is slower than fp32);
-    `SLM_BENCH_MIXED_PRECISION` overrides `auto`."""
+def resolve_precision(requested: str = "auto", objective=None) -> str:
+    """accelerate's `mixed_precision` for a `TrainConfig.mixed_precision` and an objective. `auto` is bf16 autocast (fp32
+    master weights) on a GPU; on a CPU that computes bf16 natively, bf16 for objectives marked `cpu_bf16` (next-token
+    cross-entropy) and fp32 for the rest (ranking and scalar scores, whose small differences bf16's 8 bits of mantissa
+    flatten); fp32 on other CPUs (emulated bf16 is slower). `SLM_BENCH_MIXED_PRECISION` overrides `auto` for every objective."""
     if requested != "auto":
         return requested
     forced = os.environ.get(PRECISION_ENV, "").strip()
@@ -203,7 +206,9 @@ def resolve_precision(requested: str = "auto") -> str:
         if forced not in ("no", "bf16"):
             raise BadInput(f"{PRECISION_ENV}={forced!r}: use no or bf16 (or unset it for auto)")
         return forced
-    return "bf16" if native_bf16() else "no"
+    if torch.cuda.is_available():
+        return "bf16" if native_bf16() else "no"
+    return "bf16" if getattr(objective, "cpu_bf16", False) and native_bf16() else "no"
 
 
 class Trainer:
@@ -215,7 +220,7 @@ class Trainer:
 
         self.config, self.objective, self.data, self.tokenizer = config, objective, data, tokenizer
         self.out = Path(out_dir)
-        self.precision = resolve_precision(config.mixed_precision)
+        self.precision = resolve_precision(config.mixed_precision, objective)
         set_seed(config.seed)
         # cpu=True without CUDA lets `torchrun`/`accelerate launch` with several processes use gloo on CPU,
         # the same data-parallel path as several GPUs. On CPU the engine applies bf16 autocast itself: accelerate's
