@@ -56,11 +56,14 @@ def metrics_table(summaries: dict[str, dict]) -> BenchmarkTable:
 
 # %% ../../nbs/pipeline/05_compare.ipynb #dcb27953
 def run_labels(run_dirs: list[Path]) -> list[str]:
-    "A short, unique name per run folder: its name, or parent/name where names repeat."
-    names = [p.name for p in run_dirs]
-    labels = [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in run_dirs]
-    if len(set(labels)) != len(labels):
+    "A short, unique name per run folder: its name, with as many parent folders as it takes to tell repeated names apart."
+    if len(set(run_dirs)) != len(run_dirs):
         raise BadInput(f"the same run folder is given twice: {', '.join(map(str, run_dirs))}")
+    depths = [1] * len(run_dirs)
+    labels = [p.name for p in run_dirs]
+    while len(set(labels)) < len(labels):
+        depths = [d + (labels.count(label) > 1) for d, label in zip(depths, labels)]
+        labels = ["/".join(p.parts[-d:]).lstrip("/") for p, d in zip(run_dirs, depths)]
     return labels
 
 
