@@ -15,6 +15,8 @@ PROFILE ?= tiny
 RUN ?= runs/$(PROFILE)
 # empty: every recipe; RECIPE=phi4 (or tinygsm,phi4) runs those recipes and the stages they need
 RECIPE ?=
+# independent stages run side by side, sharing the cores (slm-bench run --jobs; 1: one by one)
+JOBS ?= 2
 HTML_MANAGER ?= @jupyter-widgets/html-manager@1.0.15
 REQUIREJS ?= requirejs@2.3.8
 JS_DIR := $(VENV)/share/slm-bench/js
@@ -69,7 +71,7 @@ sandbox-deps:
 	else echo "bubblewrap (bwrap) is not installed: the sandbox needs it (sudo apt install bubblewrap)"; fi
 
 run: $(STAMP) sandbox-deps
-	$(BIN)/slm-bench run --profile $(PROFILE) $(if $(RECIPE),--recipe $(RECIPE))
+	$(BIN)/slm-bench run --profile $(PROFILE) --jobs $(JOBS) $(if $(RECIPE),--recipe $(RECIPE))
 
 test: $(STAMP) sandbox-deps
 	$(BIN)/python tests/nbdev_sync.py

@@ -13,6 +13,7 @@ from conftest import PIPELINES, SLM_BENCH
 
 BASIC = PIPELINES / "basic"
 FAILING = PIPELINES / "failing"
+PARALLEL = PIPELINES / "parallel"
 RECIPES = PIPELINES / "recipes"
 
 
@@ -282,3 +283,55 @@ def test_a_stalled_kernel_fails_the_stage_when_no_retry_is_left(tmp_path):
     error = read(run_dir / "boom" / "manifest.json")["error"]
     assert (error["kind"], error["ename"]) == ("stalled", "KernelStalled")
     assert error["evalue"].startswith("the kernel's processes used no CPU for 4 s while a cell ran")
+
+
+def _cores() -> int:
+    from slm_bench.pipeline.schedule import available_cores
+
+    return available_cores()
+
+
+@pytest.mark.skipif(_cores() < 2, reason="sharing cores between stages needs at least 2")
+def test_jobs_run_independent_stages_side_by_side_sharing_the_cores(cli, tmp_path):
+    "--jobs 2: the exclusive stage alone, left beside right with half the cores each, left takes right's cores when it ends."
+    run_dir, cores = tmp_path / "run", _cores()
+    half = cores // 2
+    result = cli("run", "--pipeline", PARALLEL, "--run-dir", run_dir, "--no-report", "--jobs", "2", "--set", f"left.cores={cores}")
+    assert result.returncode == 0, result
+    plural = lambda n: f"{n} thread{'s' * (n > 1)}"
+    for line in (f"up to 2 at once on {cores} cores", f"[1/4] probe  running ... ({plural(cores)})",
+                 f"[2/4] left   running ... ({plural(cores - half)}; beside right)", f"[3/4] right  running ... ({plural(half)}; beside left)",
+                 f"[4/4] join   running ... ({plural(cores)})"):
+        assert line in result.stdout, (line, result)
+    window = {name: read(run_dir / name / "window.json") for name in ("probe", "left", "right", "join")}
+    overlaps = lambda a, b: window[a]["start"] < window[b]["end"] and window[b]["start"] < window[a]["end"]
+    assert window["right"]["saw_left"] and overlaps("left", "right")  # right saw left running: they ran side by side
+    assert not any(overlaps("probe", other) for other in ("left", "right", "join"))  # exclusive: alone
+    assert (window["probe"]["threads"], window["right"]["threads"], window["join"]["threads"]) == (cores, half, cores)
+    assert window["left"]["threads"] == [cores - half, cores]  # its share, then every core once right had finished
+    history = read(run_dir / "left" / "manifest.json")["threads"]
+    assert [threads for _, threads in history] == [cores - half, cores] and history[0][0] == 0.0 < history[1][0]
+    assert read(run_dir / "join" / "manifest.json")["threads"] == [[0.0, cores]]
+
+
+@pytest.mark.skipif(_cores() < 2, reason="sharing cores between stages needs at least 2")
+def test_jobs_a_failure_lets_the_running_stage_finish_and_starts_nothing_new(cli, tmp_path):
+    "--jobs 2: right fails while left runs; left finishes (with right's cores), join never starts; the rerun resumes."
+    run_dir, cores = tmp_path / "run", f"left.cores={_cores()}"
+    failed = cli("run", "--pipeline", PARALLEL, "--run-dir", run_dir, "--no-report", "--jobs", "2", "--set", "right.fail=true", "--set", cores)
+    assert failed.returncode == 1, failed
+    assert "[3/4] right  FAILED" in failed.stdout and "[2/4] left   ok" in failed.stdout, failed
+    assert "RuntimeError: right fails on purpose" in failed.stderr, failed
+    assert read(run_dir / "left" / "manifest.json")["status"] == "ok"  # finished after the failure: its work is kept
+    assert not (run_dir / "join").exists()  # never started
+    summary = read(run_dir / "summary.json")
+    assert summary["status"] == "failed" and {s["name"]: s["action"] for s in summary["stages"]}["right"] == "failed"
+    again = cli("run", "--pipeline", PARALLEL, "--run-dir", run_dir, "--no-report", "--jobs", "2", "--set", cores)
+    assert again.returncode == 0, again
+    assert "[2/4] left   cached" in again.stdout and "[4/4] join   ok" in again.stdout, again
+
+
+def test_jobs_must_be_positive(cli, tmp_path):
+    result = cli("run", "--pipeline", PARALLEL, "--run-dir", tmp_path / "run", "--jobs", "0")
+    assert result.returncode == 2 and "--jobs must be at least 1, got 0" in result.stderr, result
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ from typing import Protocol, Sequence
 import torch
 
 from ..core.errors import BadInput
+from ..pipeline.schedule import follow_thread_budget
 from ..lm.packing import left_pad
 
 # %% auto #0
@@ -408,6 +409,7 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
     window = max((len(s) for s in params.stop), default=0) + 8
     enders = self.enders(params.stop) if params.stop else None
     for t in range(max_new):
+        follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
         token, logprob = sample_from_logits(logits, params, noise)
         for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
             if not active[r]:
@@ -525,6 +527,7 @@ def _generate(self: HFSampler, prompts: Sequence[Prompt], params: SamplingParams
     run = self._generate_lean if self.mode == "lean" else self._generate_hf
     bar = tqdm(total=len(token_prompts), desc=f"sampling ({self.mode})", unit="prompt", disable=not self.progress)
     for batch in batches:
+        follow_thread_budget()
         batch_prompts = [token_prompts[i] for i in batch]
         for i, completions in zip(batch, run(batch_prompts, params, make_noise(params, batch_prompts, batch))):
             results[i] = completions
@@ -545,6 +548,7 @@ def _score(self: HFSampler, prompts: Sequence[Prompt], continuations: Sequence[S
     check_prompts(token_prompts, self.max_context, self.vocab_size)
     results = []
     for start in range(0, len(token_prompts), batch_size):
+        follow_thread_budget()
         chunk = list(zip(token_prompts[start:start + batch_size], continuations[start:start + batch_size]))
         full = [list(p) + list(c) for p, c in chunk]
         if max(len(f) for f in full) > self.max_context:

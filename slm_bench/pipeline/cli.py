@@ -126,7 +126,7 @@ def cmd_run(args) -> int:
         pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=default_run_dir(args.run_dir, args.profile),
         report_dir=None if args.no_report else default_report_dir(args.report_dir), profile=args.profile,
         stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout,
-        stall_timeout=args.stall_timeout or None,
+        stall_timeout=args.stall_timeout or None, jobs=args.jobs,
         progress=sys.stderr.isatty() if args.progress is None else args.progress, command=run_command_line(),
     )
     plan = plan_run(options)
@@ -280,6 +280,8 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--stall-timeout", type=float, default=600.0,
                    help="stop and rerun once a stage whose kernel used no CPU for this many seconds (default 600; 0: never)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar (default: on a terminal)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="independent stages run at once, sharing the cores (default 1: one by one, in plan order)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="re-render a run's HTML report")

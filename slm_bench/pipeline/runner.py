@@ -25,15 +25,16 @@ from ..core.config import Profile, get_profile, resolve_parameters
 from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
 from ..core.paths import find_project_root, package_dir, package_versions
+from .schedule import CoreShare, available_cores, next_starts, share_cores, start_order
 from .stages import Stage, discover_stages, recipe_stages, select_stages
 from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256_json
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions',
            'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell',
-           'describe_failure', 'failure_message', 'prepare_stage_dir', 'kernel_environment', 'interrupt_stops_kernels',
-           'stall_watchdog', 'execute_stage', 'build_summary', 'run_metrics', 'run_dir_lock', 'log_results',
-           'run_pipeline', 'run_command_line']
+           'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
+           'interrupt_stops_kernels', 'stall_watchdog', 'execute_stage', 'build_summary', 'run_metrics', 'run_dir_lock',
+           'log_results', 'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -89,7 +90,8 @@ class RunOptions:
     cell_timeout: float | None = None  # seconds per cell; None: no limit
     stall_timeout: float | None = 600.0  # kill a kernel whose process tree used no CPU this long (then retry); None: never
     stall_retries: int = 1  # how often a stalled stage is run again
-    progress: bool = False  # papermill's per-cell progress bar
+    progress: bool = False  # papermill's per-cell progress bar (with --jobs 1 only: two bars from two stages garble)
+    jobs: int = 1  # stages run at once; above 1 the running stages share the cores (`pipeline.schedule`)
     command: str = ""
 
 
@@ -126,6 +128,8 @@ def plan_run(options: RunOptions) -> Plan:
         raise BadInput(f"--cell-timeout must be positive, got {options.cell_timeout}")
     if options.stall_timeout is not None and options.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout must be positive, got {options.stall_timeout}")
+    if options.jobs < 1:
+        raise BadInput(f"--jobs must be at least 1, got {options.jobs}")
     profile = get_profile(options.profile)
     stages = discover_stages(options.pipeline_dir)
     if options.recipes is not None and options.stages is not None:
@@ -230,9 +234,17 @@ def prepare_stage_dir(folder: Path, key: str, force: bool) -> int:
     return attempt
 
 # %% ../../nbs/pipeline/02_runner.ipynb #40d6eb5d
+@dataclass
+class KernelLaunch:
+    "How one stage kernel starts: papermill's engine arguments, the kernel's environment, and its process id once started."
+    engine_kwargs: dict
+    env: dict[str, str]
+    pids: list[int] = field(default_factory=list)
+
+
 @contextlib.contextmanager
-def kernel_environment():
-    """How a stage kernel is started; yields the kernel manager's config.
+def kernel_environment(threads_file: Path | None = None, threads: int | None = None):
+    """How a stage kernel is started; yields a `KernelLaunch`.
 
     * MPLBACKEND is removed from the environment the kernel inherits: with it set, ipykernel skips its
       inline backend and figures silently vanish from the executed notebook.
@@ -241,21 +253,38 @@ def kernel_environment():
     * PYTHONHASHSEED is 0 unless the caller set it: otherwise every kernel hashes strings with a new
       random seed, and code that iterates a set of strings (n-grams, words) visits them in a new order
       each run — ties then break differently and the same command gives different results.
+    * With `threads` (the runner shares the cores between stages, `--jobs`): OMP_NUM_THREADS and MKL_NUM_THREADS
+      start the kernel with its share, and `threads_file` (SLM_BENCH_THREADS_FILE) is where the runner writes
+      its share as it changes (`pipeline.schedule`).
+
+    The environment is the kernel's own (os.environ is not touched), so kernels can start from several threads at once.
     """
+    from jupyter_client.manager import AsyncKernelManager
     from traitlets.config import Config
 
-    saved = os.environ.pop("MPLBACKEND", None)
-    hash_seed_set = "PYTHONHASHSEED" in os.environ
-    os.environ.setdefault("PYTHONHASHSEED", "0")
+    from slm_bench.pipeline.schedule import THREADS_FILE_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    env.setdefault("PYTHONHASHSEED", "0")
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if threads_file is not None:
+        env[THREADS_FILE_ENV] = str(threads_file)
+    pids: list[int] = []
+
+    class StageKernelManager(AsyncKernelManager):
+        "Starts the kernel with this stage's environment and notes its process id (for the stall watchdog)."
+
+        async def start_kernel(self, **kw):
+            await super().start_kernel(**{**kw, "env": env})
+            pids.append(self.provisioner.pid)
+
     sockets = tempfile.mkdtemp(prefix="slm-bench-kernel-")
+    config = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "k")}})
     try:
-        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "k")}})
+        yield KernelLaunch({"config": config, "kernel_manager_class": StageKernelManager}, env, pids)
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
-        if not hash_seed_set:
-            del os.environ["PYTHONHASHSEED"]
-        if saved is not None:
-            os.environ["MPLBACKEND"] = saved
 
 # %% ../../nbs/pipeline/02_runner.ipynb #646850a3
 def _kernel_children() -> list[int]:
@@ -390,8 +419,10 @@ def _determined_by(params: dict, folder: Path) -> dict:
     return {"seeds": {k: v for k, v in params.items() if "seed" in k}, **(facts or {"runtime": "not recorded (the stage did not call open_stage)"})}
 
 # %% ../../nbs/pipeline/02_runner.ipynb #94159800
-def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], report_page: Path | None) -> dict:
-    "Run one stage notebook into its folder and write its manifest; `StageFailed` if it fails."
+def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], report_page: Path | None,
+                  share: CoreShare | None = None) -> dict:
+    """Run one stage notebook into its folder and write its manifest; `StageFailed` if it fails. `share`: the
+    stage's share of the cores when stages run side by side (`--jobs`); the manifest records its history."""
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
@@ -405,12 +436,13 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
-        with kernel_environment() as kernel_config, stall_watchdog(options.stall_timeout) as stalled:
+        with (kernel_environment(share and share.file, share and share.threads) as launch,
+              stall_watchdog(options.stall_timeout, watched=lambda: [p for p in _kernel_children() if p in launch.pids]) as stalled):
             pm.execute_notebook(
                 str(stage.notebook), str(executed),
                 parameters={**params, "run_dir": str(options.run_dir), "out_dir": str(folder)},
-                kernel_name=KERNEL_NAME, cwd=str(folder), log_output=False, config=kernel_config,
-                progress_bar=options.progress, execution_timeout=options.cell_timeout,
+                kernel_name=KERNEL_NAME, cwd=str(folder), log_output=False, **launch.engine_kwargs,
+                progress_bar=options.progress and options.jobs == 1, execution_timeout=options.cell_timeout,
             )
     except (PapermillExecutionError, CellTimeoutError, DeadKernelError) as e:
         error = e
@@ -422,6 +454,8 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
         error = _missing_outputs(stage, folder)
     manifest.update(finished=_now(), duration_s=round(duration, 3), metrics=read_json(folder / METRICS, {}),
                     determined_by=_determined_by(params, folder))
+    if share is not None:  # [seconds after the start, threads]: the cores this stage had as other stages came and went
+        manifest["threads"] = [list(change) for change in share.history]
     return _close_stage(stage, folder, manifest, error, options.cell_timeout, report_page)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #21e9f0af
@@ -491,12 +525,12 @@ def log_results(run_dir: Path, log: Callable[[str], None]) -> None:
 
 # %% ../../nbs/pipeline/02_runner.ipynb #31eca540
 def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], page: Path | None, interrupted,
-                          log: Callable[[str], None] = print) -> dict:
+                          log: Callable[[str], None] = print, share: CoreShare | None = None) -> dict:
     """`execute_stage`, except that a stage whose kernel Ctrl-C killed (`interrupted`, an Event, is set) is unfinished
     (a `KeyboardInterrupt`), not failed, and that a stalled stage runs again (`stall_retries` times), resuming in its folder."""
     for retry in range(plan.options.stall_retries + 1):
         try:
-            return execute_stage(plan, stage, key, inputs, page)
+            return execute_stage(plan, stage, key, inputs, page, share)
         except StageFailed:
             if interrupted.is_set():  # the kernel died because Ctrl-C killed it: unfinished, not failed
                 (plan.options.run_dir / stage.name / MANIFEST).unlink(missing_ok=True)
@@ -508,7 +542,13 @@ def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, 
 
 # %% ../../nbs/pipeline/02_runner.ipynb #c0880cb6
 def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
-    "Execute a validated plan; returns the summary. Raises `StageFailed` or `RunInterrupted` after writing the summary and report."
+    """Execute a validated plan; returns the summary. Raises `StageFailed` or `RunInterrupted` after writing the summary and report.
+
+    Stages start when their inputs are done, up to `--jobs` at once (`pipeline.schedule` decides the order and the
+    threads); with one job they run one by one in the plan's order. After a failure nothing new starts, the stages
+    already running finish (their work is kept), and the first failure is raised."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
     from slm_bench.pipeline.report import render_report  # the report module imports nbconvert: keep `slm-bench stages` light
 
     options, started, clock = plan.options, _now(), time.perf_counter()
@@ -516,7 +556,12 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
     library_hash = library_source_hash()
     total, width = len(plan.selected), max(len(n) for n in plan.selected)
     report_index = options.report_dir / options.run_dir.name / "index.html" if options.report_dir else None
-    log(f"slm-bench run: profile {plan.profile.name}, {total} stage(s) -> {options.run_dir}")
+    log(f"slm-bench run: profile {plan.profile.name}, {total} stage(s) -> {options.run_dir}"
+        + (f", up to {options.jobs} at once on {available_cores()} cores" if options.jobs > 1 else ""))
+    parallel = options.jobs > 1
+    exclusive = [name for name in plan.selected if plan.stages[name].exclusive]
+    order = start_order({name: plan.stages[name].inputs for name in plan.selected}, exclusive) if parallel else list(plan.selected)
+    tags = {name: f"[{position}/{total}] {name:<{width}}" for position, name in enumerate(plan.selected, 1)}
 
     def finish(status: str) -> dict:
         summary = build_summary(plan, actions, started, status, clock)
@@ -528,34 +573,100 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log_results(options.run_dir, log)
         return summary
 
-    with run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted:
-        for position, name in enumerate(plan.selected, 1):
-            stage, tag = plan.stages[name], f"[{position}/{total}] {name:<{width}}"
-            inputs = {up: stage_finished(options.run_dir, up)["fingerprint"] for up in stage.inputs}
-            key = cache_key(stage, plan.params[name], inputs, library_hash)
-            previous = stage_finished(options.run_dir, name)
-            if previous and previous.get("cache_key") == key and not options.force:
-                actions[name] = "cached"
-                log(f"{tag}  cached   (notebook, parameters and inputs unchanged; --force reruns)")
-                continue
-            actions[name] = "running"
-            atomic_write_json(options.run_dir / SUMMARY, build_summary(plan, actions, started, "running", clock))
-            log(f"{tag}  running ...")
-            page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
+    def ready(name: str) -> bool:
+        return all(actions.get(up) in ("ran", "cached") for up in plan.stages[name].inputs if up in plan.selected)
+
+    def key_and_inputs(name: str) -> tuple[str, dict[str, str]]:
+        inputs = {up: stage_finished(options.run_dir, up)["fingerprint"] for up in plan.stages[name].inputs}
+        return cache_key(plan.stages[name], plan.params[name], inputs, library_hash), inputs
+
+    waiting, running, shares = list(order), {}, {}  # running: future -> stage name, in start order
+    failure: StageFailed | None = None
+    stopped: list[str] = []  # stages Ctrl-C interrupted
+    with (run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted,
+          tempfile.TemporaryDirectory(prefix="slm-bench-threads-") as threads_dir,
+          ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="stage") as pool):
+
+        def settle(future) -> None:
+            "Note how a finished stage ended."
+            name = running.pop(future)
+            nonlocal failure
             try:
-                manifest = _execute_or_interrupt(plan, stage, key, inputs, page, interrupted, log)
-            except StageFailed:
+                manifest = future.result()
+            except StageFailed as e:
                 actions[name] = "failed"
-                log(f"{tag}  FAILED")
-                finish("failed")
-                raise
+                log(f"{tags[name]}  FAILED")
+                failure = failure or e
             except KeyboardInterrupt:
                 actions[name] = "interrupted"
-                log(f"{tag}  interrupted; run the same command again to resume")
-                finish("interrupted")
-                raise RunInterrupted(f"interrupted during stage {name!r}; rerun the same command to resume") from None
-            actions[name] = "ran"
-            log(f"{tag}  ok       {manifest['duration_s']:7.1f} s  {_headline_metrics(stage, manifest['metrics'])}")
+                stopped.append(name)
+            else:
+                actions[name] = "ran"
+                log(f"{tags[name]}  ok       {manifest['duration_s']:7.1f} s  {_headline_metrics(plan.stages[name], manifest['metrics'])}")
+
+        def reshare() -> None:
+            "Give the running stages their share of the cores (a stage left alone takes the freed ones)."
+            for name, threads in share_cores(list(running.values()), available_cores()).items():
+                shares[name].give(threads)
+
+        try:
+            while waiting or running:
+                while failure is None and not stopped:  # start what can start; cached stages are done at once
+                    candidates = [name for name in waiting if ready(name)]
+                    cached = False
+                    for name in candidates:
+                        key, inputs = key_and_inputs(name)
+                        previous = stage_finished(options.run_dir, name)
+                        if previous and previous.get("cache_key") == key and not options.force:
+                            waiting.remove(name)
+                            actions[name], cached = "cached", True
+                            log(f"{tags[name]}  cached   (notebook, parameters and inputs unchanged; --force reruns)")
+                    if cached:
+                        continue
+                    starts = next_starts(candidates, list(running.values()), options.jobs, exclusive)
+                    if not starts:
+                        break
+                    beside = list(running.values())
+                    for name in starts:
+                        waiting.remove(name)
+                        key, inputs = key_and_inputs(name)
+                        actions[name] = "running"
+                        page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
+                        share = None
+                        if parallel:
+                            share = shares[name] = CoreShare(Path(threads_dir) / name)
+                            share.give(share_cores([*running.values(), *starts], available_cores())[name])
+                        running[pool.submit(_execute_or_interrupt, plan, plan.stages[name], key, inputs, page, interrupted, log, share)] = name
+                        others = [n for n in [*beside, *starts] if n != name]
+                        log(f"{tags[name]}  running ..." + (f" ({share.threads} thread{'s' * (share.threads > 1)}"
+                                                            + (f"; beside {', '.join(others)})" if others else ")") if share else ""))
+                    if parallel:
+                        reshare()
+                    atomic_write_json(options.run_dir / SUMMARY, build_summary(plan, actions, started, "running", clock))
+                if not running:
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    settle(future)
+                if parallel and running:
+                    reshare()
+        except KeyboardInterrupt:  # Ctrl-C while waiting: the handler killed the kernels; let their stages end
+            for future in list(running):
+                with contextlib.suppress(BaseException):
+                    future.exception()
+                settle(future)
+        if stopped or interrupted.is_set():
+            for name in stopped:
+                actions[name] = "interrupted"
+                log(f"{tags[name]}  interrupted; run the same command again to resume")
+            finish("interrupted")
+            where = f"during stage {', '.join(map(repr, stopped))}" if stopped else "between stages"
+            raise RunInterrupted(f"interrupted {where}; rerun the same command to resume") from None
+        if failure is not None:
+            finish("failed")
+            raise failure
+        if waiting:  # cannot happen with a validated plan; say so rather than report an unfinished run as ok
+            raise SlmBenchError(f"stages {', '.join(waiting)} never became ready; their inputs did not finish")
         return finish("ok")
 
 # %% ../../nbs/pipeline/02_runner.ipynb #60150ef4

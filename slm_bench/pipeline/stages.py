@@ -36,9 +36,10 @@ class Stage:
     key_metrics: tuple[str, ...] = ()
     code_sha256: str = ""  # hash of the notebook's code cells: what the cache key sees of the notebook
     recipe: str = ""  # the folder it sits in under the stages root
+    exclusive: bool = False  # runs with no other stage beside it (it measures the machine); see `pipeline.schedule`
 
 # %% ../../nbs/pipeline/00_stages.ipynb #81451f9d
-_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list}
+_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list, "exclusive": bool}
 
 
 def _stage_declaration(cell_source: str) -> ast.expr | None:
@@ -113,6 +114,7 @@ def read_stage(notebook: Path | str, recipe: str = "") -> Stage:
         name=decl["name"], notebook=notebook, about=decl.get("about", ""),
         inputs=tuple(decl.get("inputs", [])), outputs=tuple(decl.get("outputs", [])),
         params=params, key_metrics=tuple(decl.get("key_metrics", [])), code_sha256=notebook_code_hash(nb), recipe=recipe,
+        exclusive=decl.get("exclusive", False),
     )
 
 # %% ../../nbs/pipeline/00_stages.ipynb #8f5a01c9

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import BadInput
+from ..pipeline.schedule import follow_thread_budget
 from ..lm.packing import IGNORE
 from ..core.store import atomic_write_json, read_json, read_jsonl
 
@@ -245,6 +246,7 @@ def _micro_batches(self: Trainer, step: int) -> list[dict]:
 
 def _train_step(self: Trainer) -> dict:
     "One optimizer step; returns its metrics."
+    follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
     acc, config = self.accelerator, self.config
     batches = self._micro_batches(self.step)
     units = torch.tensor(float(sum(self.objective.units(b) for b in batches)), device=acc.device)

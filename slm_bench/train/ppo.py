@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.errors import BadInput
+from ..pipeline.schedule import follow_thread_budget
 
 # %% auto #0
 __all__ = ['PPOConfig', 'whiten', 'masked_whiten', 'token_rewards', 'gae_reference', 'gae_advantages', 'clipped_policy_loss',
@@ -259,6 +260,7 @@ def _update(self: PPOTrainer, batch: dict) -> dict:
     for _ in range(config.epochs):
         order = torch.randperm(count, generator=generator)
         for start in range(0, count - config.mini_batch_size + 1, config.mini_batch_size):
+            follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
             rows = order[start:start + config.mini_batch_size].to(self.device)
             width = int(batch["length"][rows.cpu()].max())  # cut the padding past the mini-batch's longest row
             ids, mask = batch["input_ids"][rows, :width], batch["mask"][rows, :width - 1]
