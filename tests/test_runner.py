@@ -331,6 +331,33 @@ def test_jobs_a_failure_lets_the_running_stage_finish_and_starts_nothing_new(cli
     assert "[2/4] left   cached" in again.stdout and "[4/4] join   ok" in again.stdout, again
 
 
+@pytest.mark.skipif(_cores() < 2, reason="sharing cores between stages needs at least 2")
+def test_jobs_ctrl_c_interrupts_every_running_stage_and_the_rerun_resumes_them(cli, tmp_path):
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    gate.write_text("hold")
+    args = [str(SLM_BENCH), "run", "--pipeline", str(PARALLEL), "--run-dir", str(run_dir), "--no-report", "--jobs", "2",
+            "--set", f"right.gate={gate}", "--set", "left.cores=1000"]  # left waits for cores it never gets, right for the gate
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: (run_dir / "right" / "saw_left.txt").exists(), what="left and right to run side by side")
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted during stage 'left', 'right'; rerun the same command to resume" in err, (out, err)
+    assert "[2/4] left   interrupted; run the same command again to resume" in out and "[3/4] right  interrupted;" in out, out
+    assert read(run_dir / "summary.json")["status"] == "interrupted"
+    assert not (run_dir / "left" / "manifest.json").exists() and not (run_dir / "right" / "manifest.json").exists()
+
+    gate.unlink()
+    resumed = cli("run", "--pipeline", PARALLEL, "--run-dir", run_dir, "--no-report", "--jobs", "2", "--set", f"right.gate={gate}",
+                  "--set", f"left.cores={_cores()}")
+    assert resumed.returncode == 0, resumed
+    assert "[1/4] probe  cached" in resumed.stdout and "[4/4] join   ok" in resumed.stdout, resumed
+    assert read(run_dir / "right" / "manifest.json")["attempt"] == 2  # resumed in its folder
+
+
 def test_jobs_must_be_positive(cli, tmp_path):
     result = cli("run", "--pipeline", PARALLEL, "--run-dir", tmp_path / "run", "--jobs", "0")
     assert result.returncode == 2 and "--jobs must be at least 1, got 0" in result.stderr, result

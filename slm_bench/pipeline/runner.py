@@ -640,16 +640,14 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
                         others = [n for n in [*beside, *starts] if n != name]
                         log(f"{tags[name]}  running ..." + (f" ({share.threads} thread{'s' * (share.threads > 1)}"
                                                             + (f"; beside {', '.join(others)})" if others else ")") if share else ""))
-                    if parallel:
-                        reshare()
                     atomic_write_json(options.run_dir / SUMMARY, build_summary(plan, actions, started, "running", clock))
+                if parallel:  # after the starts: a stage that finished hands its cores to the new ones, or to those left
+                    reshare()
                 if not running:
                     break
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
                     settle(future)
-                if parallel and running:
-                    reshare()
         except KeyboardInterrupt:  # Ctrl-C while waiting: the handler killed the kernels; let their stages end
             for future in list(running):
                 with contextlib.suppress(BaseException):
