@@ -540,6 +540,93 @@ def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, 
                 raise
             log(f"    {stage.name}: the kernel stalled in cell {failure.get('cell')} (no CPU for {plan.options.stall_timeout:g} s); running the stage again")
 
+# %% ../../nbs/pipeline/02_runner.ipynb #557f7277
+@dataclass
+class _Run:
+    "One `run_pipeline` call's state: what each stage did, what waits and what runs, and each running stage's share of the cores."
+    plan: Plan
+    log: Callable[[str], None]
+    library_hash: str
+    actions: dict[str, str] = field(default_factory=dict)  # stage -> cached | running | ran | failed | interrupted
+    running: dict = field(default_factory=dict)  # future -> stage name, in start order
+    shares: dict[str, CoreShare] = field(default_factory=dict)
+    failure: StageFailed | None = None  # the first one
+    stopped: list[str] = field(default_factory=list)  # stages Ctrl-C interrupted
+
+    def __post_init__(self):
+        selected, jobs = self.plan.selected, self.plan.options.jobs
+        self.exclusive = [name for name in selected if self.plan.stages[name].exclusive]
+        self.waiting = start_order({n: self.plan.stages[n].inputs for n in selected}, self.exclusive) if jobs > 1 else list(selected)
+        width = max(len(name) for name in selected)
+        self.tags = {name: f"[{i}/{len(selected)}] {name:<{width}}" for i, name in enumerate(selected, 1)}
+
+    def ready(self) -> list[str]:
+        "The waiting stages whose selected inputs are done, in start order."
+        done = lambda up: up not in self.plan.selected or self.actions.get(up) in ("ran", "cached")
+        return [name for name in self.waiting if all(done(up) for up in self.plan.stages[name].inputs)]
+
+    def key_and_inputs(self, name: str) -> tuple[str, dict[str, str]]:
+        "The stage's cache key and its inputs' fingerprints (its inputs are finished)."
+        inputs = {up: stage_finished(self.plan.options.run_dir, up)["fingerprint"] for up in self.plan.stages[name].inputs}
+        return cache_key(self.plan.stages[name], self.plan.params[name], inputs, self.library_hash), inputs
+
+    def take_cached(self) -> bool:
+        "Mark the ready stages whose finished result matches their cache key as cached; whether there was one."
+        options, found = self.plan.options, False
+        for name in self.ready():
+            previous = stage_finished(options.run_dir, name)
+            if previous and previous.get("cache_key") == self.key_and_inputs(name)[0] and not options.force:
+                self.waiting.remove(name)
+                self.actions[name], found = "cached", True
+                self.log(f"{self.tags[name]}  cached   (notebook, parameters and inputs unchanged; --force reruns)")
+        return found
+
+    def settle(self, future) -> None:
+        "Note how a finished stage ended."
+        name = self.running.pop(future)
+        try:
+            manifest = future.result()
+        except StageFailed as e:
+            self.actions[name], self.failure = "failed", self.failure or e
+            self.log(f"{self.tags[name]}  FAILED")
+        except KeyboardInterrupt:
+            self.actions[name] = "interrupted"
+            self.stopped.append(name)
+        else:
+            self.actions[name] = "ran"
+            self.log(f"{self.tags[name]}  ok       {manifest['duration_s']:7.1f} s  {_headline_metrics(self.plan.stages[name], manifest['metrics'])}")
+
+    def reshare(self) -> None:
+        "Give the running stages their share of the cores (a stage left alone takes the freed ones)."
+        for name, threads in share_cores(list(self.running.values()), available_cores()).items():
+            self.shares[name].give(threads)
+
+# %% ../../nbs/pipeline/02_runner.ipynb #db9d056a
+def _start_ready(run: _Run, pool, interrupted, threads_dir: str) -> None:
+    "Start what may start now (`next_starts`), each with its share of the cores under `--jobs`; cached stages count as done at once."
+    options = run.plan.options
+    while run.failure is None and not run.stopped:
+        if run.take_cached():
+            continue
+        starts = next_starts(run.ready(), list(run.running.values()), options.jobs, run.exclusive)
+        if not starts:
+            return
+        beside = list(run.running.values())
+        for name in starts:
+            run.waiting.remove(name)
+            key, inputs = run.key_and_inputs(name)
+            run.actions[name] = "running"
+            page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
+            share = None
+            if options.jobs > 1:
+                share = run.shares[name] = CoreShare(Path(threads_dir) / name)
+                share.give(share_cores([*beside, *starts], available_cores())[name])
+            future = pool.submit(_execute_or_interrupt, run.plan, run.plan.stages[name], key, inputs, page, interrupted, run.log, share)
+            run.running[future] = name
+            others = ", ".join(n for n in [*beside, *starts] if n != name)
+            note = f" ({share.threads} thread{'s' * (share.threads > 1)}" + (f"; beside {others})" if others else ")") if share else ""
+            run.log(f"{run.tags[name]}  running ...{note}")
+
 # %% ../../nbs/pipeline/02_runner.ipynb #c0880cb6
 def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
     """Execute a validated plan; returns the summary. Raises `StageFailed` or `RunInterrupted` after writing the summary and report.
@@ -552,119 +639,49 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
     from slm_bench.pipeline.report import render_report  # the report module imports nbconvert: keep `slm-bench stages` light
 
     options, started, clock = plan.options, _now(), time.perf_counter()
-    actions: dict[str, str] = {}
-    library_hash = library_source_hash()
-    total, width = len(plan.selected), max(len(n) for n in plan.selected)
-    report_index = options.report_dir / options.run_dir.name / "index.html" if options.report_dir else None
-    log(f"slm-bench run: profile {plan.profile.name}, {total} stage(s) -> {options.run_dir}"
+    run = _Run(plan, log, library_source_hash())
+    log(f"slm-bench run: profile {plan.profile.name}, {len(plan.selected)} stage(s) -> {options.run_dir}"
         + (f", up to {options.jobs} at once on {available_cores()} cores" if options.jobs > 1 else ""))
-    parallel = options.jobs > 1
-    exclusive = [name for name in plan.selected if plan.stages[name].exclusive]
-    order = start_order({name: plan.stages[name].inputs for name in plan.selected}, exclusive) if parallel else list(plan.selected)
-    tags = {name: f"[{position}/{total}] {name:<{width}}" for position, name in enumerate(plan.selected, 1)}
 
     def finish(status: str) -> dict:
-        summary = build_summary(plan, actions, started, status, clock)
+        summary = build_summary(plan, run.actions, started, status, clock)
         atomic_write_json(options.run_dir / SUMMARY, summary)
         if options.report_dir is not None:
             render_report(options.run_dir, options.report_dir, log=log)
-            log(f"report: {report_index}")
+            log(f"report: {options.report_dir / options.run_dir.name / 'index.html'}")
         if status == "ok":
             log_results(options.run_dir, log)
         return summary
 
-    def ready(name: str) -> bool:
-        return all(actions.get(up) in ("ran", "cached") for up in plan.stages[name].inputs if up in plan.selected)
-
-    def key_and_inputs(name: str) -> tuple[str, dict[str, str]]:
-        inputs = {up: stage_finished(options.run_dir, up)["fingerprint"] for up in plan.stages[name].inputs}
-        return cache_key(plan.stages[name], plan.params[name], inputs, library_hash), inputs
-
-    waiting, running, shares = list(order), {}, {}  # running: future -> stage name, in start order
-    failure: StageFailed | None = None
-    stopped: list[str] = []  # stages Ctrl-C interrupted
     with (run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted,
           tempfile.TemporaryDirectory(prefix="slm-bench-threads-") as threads_dir,
           ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="stage") as pool):
-
-        def settle(future) -> None:
-            "Note how a finished stage ended."
-            name = running.pop(future)
-            nonlocal failure
-            try:
-                manifest = future.result()
-            except StageFailed as e:
-                actions[name] = "failed"
-                log(f"{tags[name]}  FAILED")
-                failure = failure or e
-            except KeyboardInterrupt:
-                actions[name] = "interrupted"
-                stopped.append(name)
-            else:
-                actions[name] = "ran"
-                log(f"{tags[name]}  ok       {manifest['duration_s']:7.1f} s  {_headline_metrics(plan.stages[name], manifest['metrics'])}")
-
-        def reshare() -> None:
-            "Give the running stages their share of the cores (a stage left alone takes the freed ones)."
-            for name, threads in share_cores(list(running.values()), available_cores()).items():
-                shares[name].give(threads)
-
         try:
-            while waiting or running:
-                while failure is None and not stopped:  # start what can start; cached stages are done at once
-                    candidates = [name for name in waiting if ready(name)]
-                    cached = False
-                    for name in candidates:
-                        key, inputs = key_and_inputs(name)
-                        previous = stage_finished(options.run_dir, name)
-                        if previous and previous.get("cache_key") == key and not options.force:
-                            waiting.remove(name)
-                            actions[name], cached = "cached", True
-                            log(f"{tags[name]}  cached   (notebook, parameters and inputs unchanged; --force reruns)")
-                    if cached:
-                        continue
-                    starts = next_starts(candidates, list(running.values()), options.jobs, exclusive)
-                    if not starts:
-                        break
-                    beside = list(running.values())
-                    for name in starts:
-                        waiting.remove(name)
-                        key, inputs = key_and_inputs(name)
-                        actions[name] = "running"
-                        page = options.report_dir / options.run_dir.name / f"{name}.html" if options.report_dir else None
-                        share = None
-                        if parallel:
-                            share = shares[name] = CoreShare(Path(threads_dir) / name)
-                            share.give(share_cores([*running.values(), *starts], available_cores())[name])
-                        running[pool.submit(_execute_or_interrupt, plan, plan.stages[name], key, inputs, page, interrupted, log, share)] = name
-                        others = [n for n in [*beside, *starts] if n != name]
-                        log(f"{tags[name]}  running ..." + (f" ({share.threads} thread{'s' * (share.threads > 1)}"
-                                                            + (f"; beside {', '.join(others)})" if others else ")") if share else ""))
-                    atomic_write_json(options.run_dir / SUMMARY, build_summary(plan, actions, started, "running", clock))
-                if parallel:  # after the starts: a stage that finished hands its cores to the new ones, or to those left
-                    reshare()
-                if not running:
+            while run.waiting or run.running:
+                _start_ready(run, pool, interrupted, threads_dir)
+                atomic_write_json(options.run_dir / SUMMARY, build_summary(plan, run.actions, started, "running", clock))
+                if options.jobs > 1:  # after the starts: a finished stage's cores go to the new ones, or to those left
+                    run.reshare()
+                if not run.running:
                     break
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in done:
-                    settle(future)
+                for future in wait(list(run.running), return_when=FIRST_COMPLETED)[0]:
+                    run.settle(future)
         except KeyboardInterrupt:  # Ctrl-C while waiting: the handler killed the kernels; let their stages end
-            for future in list(running):
+            for future in list(run.running):
                 with contextlib.suppress(BaseException):
                     future.exception()
-                settle(future)
-        if stopped or interrupted.is_set():
-            for name in stopped:
-                actions[name] = "interrupted"
-                log(f"{tags[name]}  interrupted; run the same command again to resume")
+                run.settle(future)
+        if run.stopped or interrupted.is_set():
+            for name in run.stopped:
+                log(f"{run.tags[name]}  interrupted; run the same command again to resume")
             finish("interrupted")
-            where = f"during stage {', '.join(map(repr, stopped))}" if stopped else "between stages"
+            where = f"during stage {', '.join(map(repr, run.stopped))}" if run.stopped else "between stages"
             raise RunInterrupted(f"interrupted {where}; rerun the same command to resume") from None
-        if failure is not None:
+        if run.failure is not None:
             finish("failed")
-            raise failure
-        if waiting:  # cannot happen with a validated plan; say so rather than report an unfinished run as ok
-            raise SlmBenchError(f"stages {', '.join(waiting)} never became ready; their inputs did not finish")
+            raise run.failure
+        if run.waiting:  # cannot happen with a validated plan; say so rather than report an unfinished run as ok
+            raise SlmBenchError(f"stages {', '.join(run.waiting)} never became ready; their inputs did not finish")
         return finish("ok")
 
 # %% ../../nbs/pipeline/02_runner.ipynb #60150ef4
