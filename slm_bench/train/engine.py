@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..core.errors import BadInput
 from ..pipeline.schedule import follow_thread_budget
+from ..lm.attention import attention_within_segments, packed_segments
 from ..lm.packing import IGNORE
 from ..core.store import atomic_write_json, read_json, read_jsonl
 
@@ -106,16 +107,24 @@ class CausalLM:
 
     Rows come from `slm_bench.lm.packing.pack`; no attention mask and no cache are passed, so restarting
     `position_ids` keep packed examples from attending to each other (see `packing`). `use_cache=False`
-    matters: with a cache object present transformers skips its packed-sequence detection."""
+    matters: with a cache object present transformers skips its packed-sequence detection. With `within_segments`
+    (the default) a model on sdpa computes attention example by example instead (`lm.attention`: the same result,
+    less work); False keeps transformers' mask path, the reference."""
     name = "causal_lm"
     cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
+
+    def __init__(self, within_segments: bool = True):
+        self.within_segments = within_segments
 
     def units(self, batch: dict) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[:, :-1]
         targets = batch["labels"][:, 1:]
+        segments = packed_segments(batch["position_ids"], F.pad(targets != IGNORE, (0, 1))) if self.within_segments else None
+        extra = {} if segments is None else {"packed_segments": segments}
+        with attention_within_segments(model) if segments is not None else contextlib.nullcontext():
+            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **extra).logits[:, :-1]
         total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return total, {}
 
