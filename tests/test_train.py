@@ -190,7 +190,8 @@ def test_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tm
     examples = [prompt_completion_example(tokenizer, f"Tom has {a} apples.", f" He has {a + 3} now." * (1 + a % 3)) for a in range(2, 80)]
     rows = pack(examples, seq_len=256, pad_id=tokenizer.pad_token_id, mode="greedy")
     first = PackedRows(rows, 2, seed=0).micro_batch(0)
-    assert packed_segments(first["position_ids"]) is not None  # a dozen examples to a row: the segment path runs
+    scored = torch.nn.functional.pad(first["labels"][:, 1:] != IGNORE, (0, 1))  # what CausalLM passes
+    assert len(packed_segments(first["position_ids"], scored).stacks[0]) == 11  # 3 + 8 examples (padding skipped): the segment path runs
     results = {}
     for within in (True, False):
         model = create_model(get_preset(name, vocab_size=len(tokenizer), max_position_embeddings=256), seed=0,
