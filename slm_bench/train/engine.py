@@ -108,8 +108,8 @@ class CausalLM:
     Rows come from `slm_bench.lm.packing.pack`; no attention mask and no cache are passed, so restarting
     `position_ids` keep packed examples from attending to each other (see `packing`). `use_cache=False`
     matters: with a cache object present transformers skips its packed-sequence detection. With `within_segments`
-    (the default) a model on sdpa computes attention example by example instead (`lm.attention`: the same result,
-    less work); False keeps transformers' mask path, the reference."""
+    (the default) a model on sdpa computes attention example by example instead where that pays (`lm.attention`:
+    the same result, less work; rows of 512 tokens or more); False keeps transformers' mask path, the reference."""
     name = "causal_lm"
     cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
 
