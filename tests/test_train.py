@@ -19,8 +19,8 @@ def tokenizer():
     return train_tokenizer(CORPUS, vocab_size=320)
 
 
-def tiny_model(tokenizer, seed=0, name="llama-0.5m"):
-    return create_model(get_preset(name, vocab_size=len(tokenizer), max_position_embeddings=64), seed=seed,
+def tiny_model(tokenizer, seed=0, name="llama-0.5m", positions=64):
+    return create_model(get_preset(name, vocab_size=len(tokenizer), max_position_embeddings=positions), seed=seed,
                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
@@ -194,10 +194,8 @@ def test_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tm
     assert packed_segments(first["position_ids"], scored) is not None  # many examples to a row: the segment path runs
     results = {}
     for within in (True, False):
-        model = create_model(get_preset(name, vocab_size=len(tokenizer), max_position_embeddings=MIN_WIDTH), seed=0,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         config = TrainConfig(steps=3, micro_batch_size=2, lr=1e-2, progress=False, mixed_precision="no")
-        trainer = Trainer(model, CausalLM(within_segments=within), PackedRows(rows, 2, seed=0), config, tmp_path / str(within), tokenizer)
+        trainer = Trainer(tiny_model(tokenizer, name=name, positions=MIN_WIDTH), CausalLM(within_segments=within), PackedRows(rows, 2, seed=0), config, tmp_path / str(within), tokenizer)
         trainer.train()
         assert trainer.model.config._attn_implementation == "sdpa"  # switched back after every step
         results[within] = ([m["loss"] for m in read_metrics(tmp_path / str(within))], weights(trainer.model))
