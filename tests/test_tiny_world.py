@@ -34,7 +34,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
         ("llama2", "safety"),
         ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
-        ("phi4", "pts"), ("phi4", "dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
+        ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
     for key in ("pivots", "pairs", "rollouts_used"):
@@ -458,3 +458,32 @@ def test_orca2_stages(smoke_run):
     assert metrics["judge_position_consistent"] == 1.0 and metrics["judge_length_grade_gain"] == 0.0
     for figure in ("explanations/lengths.png", "strategy_choice/heatmap.png", "orca_sft/loss.png", "orca_evaluate/families.png"):
         assert (run_dir / figure).stat().st_size > 1000, figure
+
+
+def test_phi4_workflows_stage(smoke_run):
+    "Every workflow wrote its source; the counts add up; the sources' unique tokens are those of their documents."
+    from fractions import Fraction
+
+    from slm_bench.evals.tasks import numbers_equal
+
+    run_dir, _, _ = smoke_run
+    folder = run_dir / "workflows"
+    metrics = read(folder / "metrics.json")
+    rows = lambda name: [json.loads(line) for line in (folder / name).read_text().splitlines()]
+    assert metrics["roles"] == "embedded"
+    assert metrics["seed_passages_kept"] == len(rows("seeds.jsonl")) and all(r["score"] >= 0.5 for r in rows("seeds.jsonl"))
+    assert metrics["plurality_kept"] == len(rows("plurality.jsonl"))
+    assert metrics["plurality_kept"] + metrics["plurality_unanimous"] + metrics["plurality_no_consensus"] <= 16  # smoke: 16 questions
+    assert metrics["plurality_min_share"] in (0.0, 0.375, 0.5, 0.625, 0.75)
+    assert metrics["rewrites"] == len(rows("rewrites.jsonl")) == 6 * 3  # smoke: 6 seeds, 2 variants and 1 harder version each
+    revisions = rows("revisions.jsonl")
+    assert len(revisions) == 8 and all(len(r["drafts"]) == len(r["scores"]) <= 3 for r in revisions)  # smoke: 2 rounds
+    assert metrics["self_revision_improved"] == sum(r["scores"][-1] > r["scores"][0] for r in revisions) / 8
+    reversal = rows("reversal.jsonl")
+    assert len(reversal) == 16 and metrics["reversal_kept"] == sum(r["kept"] for r in reversal) / 16
+    same = lambda a, b: "None" not in (a, b) and numbers_equal(Fraction(a), Fraction(b))
+    assert all(r["kept"] == same(r["original_value"], r["regenerated_value"]) for r in reversal)
+    sources = read(folder / "sources.json")
+    assert sources["rewrites"]["documents"] == 18 and sources["curated seeds"]["documents"] == metrics["seed_passages_kept"]
+    assert all((c["documents"] == 0) == (c["unique_tokens"] == 0) for c in sources.values())
+

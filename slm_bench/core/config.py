@@ -244,7 +244,11 @@ PROFILES: dict[str, Profile] = {
              "strategy_choice.warmup_steps": 1, "strategy_choice.max_new_tokens": 48,
              "orca_sft.steps": 4, "orca_sft.weak_steps": 2, "orca_sft.micro_batch_size": 4, "orca_sft.warmup_steps": 1,
              "orca_evaluate.test_problems": 12, "orca_evaluate.real_sets": {"gsm8k": 3, "svamp": 3}, "orca_evaluate.dialogues": 4,
-             "orca_evaluate.max_new_tokens": 48},
+             "orca_evaluate.max_new_tokens": 48,
+             "workflows.annotated_pages": 40, "workflows.pages": 30, "workflows.plurality_questions": 16, "workflows.plurality_dev_questions": 16,
+             "workflows.plurality_samples": 4, "workflows.rewrite_seeds": 6, "workflows.revision_items": 8, "workflows.revision_rounds": 2,
+             "workflows.reversal_programs": 16, "workflows.reversal_steps": 2, "workflows.reversal_micro_batch_size": 4,
+             "workflows.dev_problems": 12, "workflows.max_new_tokens": 96},
         ),
         Profile(
             "gpu",

@@ -43,7 +43,7 @@ class Estimate:
         "'41.2 [36.4, 46.1]' (signed: '+3.1 [-1.2, 7.4]'); '—' when the value is not a number."
         if self.value is None or math.isnan(self.value):
             return "—"
-        number = (lambda x, sign="": f"{100 * x:{sign}.1f}") if self.percent else (lambda x, sign="": f"{x:{sign}.4g}")
+        number = (lambda x, sign="": f"{100 * x:{sign}.1f}") if self.percent else (lambda x, sign="": f"{int(x):{sign},d}" if float(x).is_integer() and abs(x) >= 1e4 else f"{x:{sign}.4g}")
         out = number(self.value, "+" if signed else "")
         if self.low is not None and self.high is not None:
             out += f" [{number(self.low)}, {number(self.high)}]"
