@@ -34,7 +34,8 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
         ("llama2", "safety"),
         ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
-        ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
+        ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("phi4", "midtrain"),
+        ("phi4", "hallucination"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
     for key in ("pivots", "pairs", "rollouts_used"):
@@ -486,4 +487,43 @@ def test_phi4_workflows_stage(smoke_run):
     sources = read(folder / "sources.json")
     assert sources["rewrites"]["documents"] == 18 and sources["curated seeds"]["documents"] == metrics["seed_passages_kept"]
     assert all((c["documents"] == 0) == (c["unique_tokens"] == 0) for c in sources.values())
+
+
+def test_phi4_midtrain_stage(smoke_run):
+    "Four models measured at each length; the extended ones carry the raised RoPE base; the metrics are the table's."
+    from transformers import AutoConfig
+
+    run_dir, _, _ = smoke_run
+    folder = run_dir / "midtrain"
+    metrics, recall = read(folder / "metrics.json"), read(folder / "recall.json")
+    assert set(recall["recall"]) == {"base", "RoPE base raised, not trained", "midtrained, natural", "midtrained, concatenated"}
+    assert all(set(by_length) == {"64", "256"} for by_length in recall["recall"].values())  # smoke: lengths 64 and 256 (4 x 64)
+    assert metrics["long_context"] == 256 and metrics["rope_theta"] == 250000.0
+    assert metrics["midtrain_recall_4x"] == round(recall["recall"]["midtrained, natural"]["256"], 4)
+    assert metrics["base_recall_4x"] == round(recall["recall"]["base"]["256"], 4)
+    assert set(recall["short_pass@1"]) == {"base", "midtrained, natural", "midtrained, concatenated"}
+    for name in ("natural", "concatenated"):
+        config = AutoConfig.from_pretrained(folder / f"train_{name}" / "final")
+        assert config.rope_parameters["rope_theta"] == 250000.0, name
+    assert AutoConfig.from_pretrained(folder / "train_base" / "final").rope_parameters["rope_theta"] == 10000.0
+
+
+def test_phi4_hallucination_stage(smoke_run):
+    "The data follow Phi-4's rules; the outcome shares of each checkpoint add up to one; the metrics are the outcomes'."
+    run_dir, _, _ = smoke_run
+    folder = run_dir / "hallucination"
+    metrics, results = read(folder / "metrics.json"), read(folder / "outcomes.json")
+    sft = [json.loads(line) for line in (folder / "sft_data.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in (folder / "dpo_pairs.jsonl").read_text().splitlines()]
+    assert sum(r["kind"] == "bogus: refusal" for r in sft) == 8  # smoke: 8 bogus problems, each refused
+    assert all(r["body"].rstrip().endswith("return result") and "result = None" in r["body"] for r in sft if "refusal" in r["kind"])
+    assert len(pairs) == metrics["halluc_dpo_pairs"] and all(len(p["chosen_ids"]) <= 5 and len(p["rejected_ids"]) <= 5 for p in pairs)
+    assert list(results) == ["SFT", "SFT + refusal data", "+ DPO (hallucination and PTS pairs)"]
+    for name, r in results.items():
+        for part in ("answerable", "bogus", "all"):
+            shares = r[part]
+            assert shares["correct"] + shares["incorrect"] + shares["not_attempted"] == pytest.approx(1.0), (name, part)
+        assert r["bogus"]["correct"] == 0.0  # nothing is right on a problem with a quantity missing
+    assert metrics["halluc_not_attempted_after"] == round(results["+ DPO (hallucination and PTS pairs)"]["bogus"]["not_attempted"], 4)
+    assert metrics["halluc_answerable_pass@1_before"] == round(results["SFT"]["answerable"]["correct"], 4)
 

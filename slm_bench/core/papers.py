@@ -52,11 +52,19 @@ TINYGSM = [
 ]
 
 # %% ../../nbs/core/04_papers.ipynb #7355ce2f
-PHI4 = _table("Phi-4", "Table 9", "phi4.md T9 (EN L398-410)", {
-    "SFT": {"MMLU": 82.8, "GPQA": 47.3, "MATH": 77.1, "HumanEval": 79.5, "MGSM": 80.8, "MMLUPro": 61.9, "ArenaHard": 56.7, "IFEval": 66.2},
-    "DPO stage 1 (PTS)": {"MMLU": 84.8, "GPQA": 53.6, "MATH": 80.5, "HumanEval": 81.6, "MGSM": 80.8, "MMLUPro": 70.0, "HumanEval+": 81.9,
-                          "ArenaHard": 66.5, "IFEval": 63.0},
-})
+PHI4 = [
+    *_table("Phi-4", "Table 9", "phi4.md T9 (EN L398-410)", {
+        "SFT": {"MMLU": 82.8, "GPQA": 47.3, "MATH": 77.1, "HumanEval": 79.5, "MGSM": 80.8, "MMLUPro": 61.9, "ArenaHard": 56.7, "IFEval": 66.2},
+        "DPO stage 1 (PTS)": {"MMLU": 84.8, "GPQA": 53.6, "MATH": 80.5, "HumanEval": 81.6, "MGSM": 80.8, "MMLUPro": 70.0, "HumanEval+": 81.9,
+                              "ArenaHard": 66.5, "IFEval": 63.0},
+    }),
+    *_table("Phi-4", "Figure 6", "phi4.md F6 (EN L273-277, L444)", {
+        "Base": {"SimpleQA correct": 6.8, "SimpleQA incorrect": 90.0, "SimpleQA not attempted": 3.2},
+        "SFT": {"SimpleQA correct": 3.7, "SimpleQA incorrect": 57.5, "SimpleQA not attempted": 38.7},
+        "DPO stage 1": {"SimpleQA correct": 2.9, "SimpleQA incorrect": 79.8, "SimpleQA not attempted": 17.4},
+        "Final": {"SimpleQA correct": 3.0, "SimpleQA incorrect": 81.1, "SimpleQA not attempted": 15.8},
+    }),
+]
 
 # %% ../../nbs/core/04_papers.ipynb #1f582227
 LLAMA2 = [
