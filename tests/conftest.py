@@ -33,6 +33,17 @@ def served_checkpoint(checkpoint, timeout: float = 60):
         proc.wait(timeout=10)
 
 
+def save_wide_checkpoint(folder: Path, texts) -> Path:
+    "An untrained tiny Llama with a 1,024-token context (room for a teacher template or a judge rubric), its tokenizer trained on `texts`."
+    from slm_bench.lm.models import create_model, get_preset, save_checkpoint
+    from slm_bench.lm.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(list(texts), vocab_size=600)
+    save_checkpoint(create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024),
+                                 pad_token_id=tokenizer.pad_token_id), tokenizer, folder)
+    return folder
+
+
 class CliResult:
     def __init__(self, proc: subprocess.CompletedProcess):
         self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr

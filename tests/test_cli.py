@@ -27,11 +27,11 @@ def test_recipes_list_own_stages_and_what_they_need(cli):
         "common: environment, synth, curate, mixture, pretrain, sft",
         "llama2: chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety  (needs synth, curate, mixture, pretrain, sft)",
         "orca2: explanations, strategy_choice, orca_sft, orca_evaluate  (needs synth, curate, mixture, pretrain, sft)",
-        "phi4: pts, dpo, workflows, midtrain, hallucination  (needs synth, curate, mixture, pretrain, sft)",
+        "phi4: pts, dpo, workflows, midtrain, hallucination, judge_dpo  (needs synth, curate, mixture, pretrain, sft)",
         "tinygsm: verifier, evaluate, grid  (needs synth, curate, mixture, pretrain, sft)",
     ]
     listed = json.loads(cli("recipes", "--json").stdout)
-    assert listed["phi4"] == {"stages": ["pts", "dpo", "workflows", "midtrain", "hallucination"], "needs": ["synth", "curate", "mixture", "pretrain", "sft"]}
+    assert listed["phi4"] == {"stages": ["pts", "dpo", "workflows", "midtrain", "hallucination", "judge_dpo"], "needs": ["synth", "curate", "mixture", "pretrain", "sft"]}
 
 
 def test_profiles(cli):

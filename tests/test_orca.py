@@ -2,7 +2,7 @@
 builder, the curriculum's resume, the LLM teacher and judge through a real `slm-bench serve`, and the rule-based judge."""
 import pytest
 
-from conftest import served_checkpoint
+from conftest import save_wide_checkpoint, served_checkpoint
 from slm_bench.core.errors import BadInput
 from slm_bench.data.synth import ProceduralTeacher
 from slm_bench.evals.judge import JudgeItem, RuleJudge, SamplerJudge, grade_turns, length_bias, parse_rating, position_bias
@@ -167,16 +167,10 @@ def test_the_rule_judge_grades_hallucinations_and_has_no_position_or_length_bias
 
 @pytest.fixture(scope="module")
 def wide_checkpoint(tmp_path_factory, problems):
-    "A tiny (untrained) model with a 1,024-token context, enough for a teacher instruction or a judge rubric, and its tokenizer."
-    from slm_bench.lm.models import create_model, get_preset, save_checkpoint
-    from slm_bench.lm.tokenizer import train_tokenizer
-
+    "An untrained 1,024-token model, its tokenizer trained on the strategies' records."
     records = STRONG_TEACHER.records(problems, list(STRATEGIES), seed=0)
-    tokenizer = train_tokenizer([r["system"] + "\n" + r["user"] + "\n" + r["answer"] for r in records], vocab_size=600)
-    folder = tmp_path_factory.mktemp("wide") / "model"
-    save_checkpoint(create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024),
-                                 pad_token_id=tokenizer.pad_token_id), tokenizer, folder)
-    return folder
+    texts = [r["system"] + "\n" + r["user"] + "\n" + r["answer"] for r in records]
+    return save_wide_checkpoint(tmp_path_factory.mktemp("wide") / "model", texts)
 
 
 @pytest.fixture(scope="module")
@@ -205,4 +199,4 @@ def test_an_llm_teacher_and_an_llm_judge_through_a_real_server(served, wide_chec
     prompts = [[{"role": "user", "content": judge.rubrics["single@1"].format(question=i.question, answer=i.answer)}] for i in items]
     raw = [g[0].text for g in sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))]
     assert judge.grade(items) == [parse_rating(r) for r in raw]
-    assert judge.pin()["model"] == "tiny" and judge.pin()["version"] == "test-1" and set(judge.pin()["rubrics"]) == {"single@1", "pairwise@1", "grounding@1"}
+    assert judge.pin()["model"] == "tiny" and judge.pin()["version"] == "test-1" and set(judge.pin()["rubrics"]) == {"single@1", "pairwise@1", "grounding@1", "aspects@1"}

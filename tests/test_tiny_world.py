@@ -35,7 +35,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         ("llama2", "safety"),
         ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
         ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("phi4", "midtrain"),
-        ("phi4", "hallucination"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
+        ("phi4", "hallucination"), ("phi4", "judge_dpo"), ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
     assert all(s["status"] == "ok" for s in summary["stages"])
     metrics = summary["metrics"]
     for key in ("pivots", "pairs", "rollouts_used"):
@@ -527,3 +527,31 @@ def test_phi4_hallucination_stage(smoke_run):
     assert metrics["halluc_not_attempted_after"] == round(results["+ DPO (hallucination and PTS pairs)"]["bogus"]["not_attempted"], 4)
     assert metrics["halluc_answerable_pass@1_before"] == round(results["SFT"]["answerable"]["correct"], 4)
 
+
+
+def test_phi4_judge_dpo_stage(smoke_run):
+    "Every response scored; the pairs are exactly what the labelling rule makes of the recorded scores; the audit is the scores against execution."
+    from slm_bench.methods.judge_dpo import judged_pairs
+
+    run_dir, _, _ = smoke_run
+    folder = run_dir / "judge_dpo"
+    metrics, audit = read(folder / "metrics.json"), read(folder / "audit.json")
+    responses = [json.loads(line) for line in (folder / "responses.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in (folder / "pairs.jsonl").read_text().splitlines()]
+    assert len(responses) == 8 * 3 * 2  # smoke: 8 prompts, three responders, two samples each
+    assert {r["model"] for r in responses} == {"SFT", "DPO round 1", "SFT step 15"}
+    groups = [[r for r in responses if r["prompt_index"] == i] for i in range(8)]
+    assert [{k: v for k, v in p.items() if k != "oracle_agrees"} for p in pairs] == judged_pairs(groups, 1.0, "all")
+    assert len(pairs) == metrics["judge_dpo_pairs"] > 0
+    # the embedded judge's accuracy is the rule grade (1, 3, 6, 9), mirrored (10, 8, 5, 2) on the answers it slips on
+    honest = [r for r in responses if r["scores"]["accuracy"] in (1.0, 3.0, 6.0, 9.0)]
+    slipped = [r for r in responses if r["scores"]["accuracy"] in (10.0, 8.0, 5.0, 2.0)]
+    assert len(honest) + len(slipped) == len(responses)
+    assert all((r["scores"]["accuracy"] >= 5.5) == r["correct"] for r in honest)
+    assert all((r["scores"]["accuracy"] >= 5.5) != r["correct"] for r in slipped)
+    assert audit["agreement"]["accuracy"] == pytest.approx(len(honest) / len(responses))
+    assert metrics["judge_oracle_agreement"] == round(len(honest) / len(responses), 4)
+    assert audit["position_bias"]["consistent"] == 1.0 and audit["length_bias"]["grade_gain"] == 0.0
+    results = read(folder / "results.json")["results"]
+    assert metrics["dpo2_pass@1"] == round(results["final (stage 1 + stage 2)"]["accuracy"], 4)
+    assert (folder / "model" / "config.json").is_file()

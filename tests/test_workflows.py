@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import served_checkpoint
+from conftest import save_wide_checkpoint, served_checkpoint
 from slm_bench.data.synth import ParseReport, ProceduralTeacher, parse_joint
 from slm_bench.data.workflows import (ChatAnnotator, ChatCritic, ChatInstructionWriter, ChatReviser, ChatRewriter, ChatTeacher,
                                       PHI4_PROMPTS, ProceduralInstructionWriter, RuleCritic, ValueClassifier, code_only, curate_seeds,
@@ -135,16 +135,10 @@ def test_the_embedded_instruction_writer_misstates_at_its_slip_rate():
 
 @pytest.fixture(scope="module")
 def wide_checkpoint(tmp_path_factory):
-    "An untrained tiny model with a 1,024-token context (room for every template) and a tokenizer trained on the templates and the world."
-    from slm_bench.lm.models import create_model, get_preset, save_checkpoint
-    from slm_bench.lm.tokenizer import train_tokenizer
-
+    "An untrained 1,024-token model, its tokenizer trained on the templates and the world."
     problems = ProceduralTeacher(error_rate=0.0).generate(200, seed=0)
-    tokenizer = train_tokenizer(list(PHI4_PROMPTS.values()) + [p.program for p in problems], vocab_size=600)
-    folder = tmp_path_factory.mktemp("wide") / "model"
-    save_checkpoint(create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024),
-                                 pad_token_id=tokenizer.pad_token_id), tokenizer, folder)
-    return folder
+    texts = list(PHI4_PROMPTS.values()) + [p.program for p in problems]
+    return save_wide_checkpoint(tmp_path_factory.mktemp("wide") / "model", texts)
 
 
 @pytest.fixture(scope="module")

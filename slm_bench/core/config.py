@@ -255,7 +255,10 @@ PROFILES: dict[str, Profile] = {
              "hallucination.questions": 16, "hallucination.samples": 2, "hallucination.bogus": 8, "hallucination.replay": 16,
              "hallucination.sft_steps": 2, "hallucination.sft_micro_batch_size": 4, "hallucination.dpo_steps": 2,
              "hallucination.dpo_micro_batch_size": 4, "hallucination.test_answerable": 8, "hallucination.test_bogus": 8,
-             "hallucination.max_new_tokens": 96},
+             "hallucination.max_new_tokens": 96,
+             "judge_dpo.prompts": 8, "judge_dpo.early_step": 15, "judge_dpo.audit_pairs": 4, "judge_dpo.betas": [0.1], "judge_dpo.steps": 2,
+             "judge_dpo.micro_batch_size": 4, "judge_dpo.warmup_steps": 1, "judge_dpo.dev_problems": 8, "judge_dpo.test_problems": 12,
+             "judge_dpo.max_new_tokens": 96},
         ),
         Profile(
             "gpu",

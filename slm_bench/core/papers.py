@@ -57,7 +57,11 @@ PHI4 = [
         "SFT": {"MMLU": 82.8, "GPQA": 47.3, "MATH": 77.1, "HumanEval": 79.5, "MGSM": 80.8, "MMLUPro": 61.9, "ArenaHard": 56.7, "IFEval": 66.2},
         "DPO stage 1 (PTS)": {"MMLU": 84.8, "GPQA": 53.6, "MATH": 80.5, "HumanEval": 81.6, "MGSM": 80.8, "MMLUPro": 70.0, "HumanEval+": 81.9,
                               "ArenaHard": 66.5, "IFEval": 63.0},
-    }),
+        "DPO stage 2 only (judge-guided, no PTS)": {"GPQA": 52.4, "MATH": 77.6, "HumanEval+": 81.4, "ArenaHard": 69.8},
+        "phi-4 (final = stage 1 + stage 2)": {"MMLU": 84.8, "GPQA": 56.1, "MATH": 80.4, "HumanEval": 82.6, "MGSM": 80.6, "MMLUPro": 70.4,
+                                              "HumanEval+": 82.8, "ArenaHard": 75.4, "IFEval": 63.0},
+    }, {("phi-4 (final = stage 1 + stage 2)", "HumanEval"): "from Table 1 (Table 9 prose gives the final row only for some columns)",
+        ("phi-4 (final = stage 1 + stage 2)", "MGSM"): "from Table 1 (Table 9 prose gives the final row only for some columns)"}),
     *_table("Phi-4", "Figure 6", "phi4.md F6 (EN L273-277, L444)", {
         "Base": {"SimpleQA correct": 6.8, "SimpleQA incorrect": 90.0, "SimpleQA not attempted": 3.2},
         "SFT": {"SimpleQA correct": 3.7, "SimpleQA incorrect": 57.5, "SimpleQA not attempted": 38.7},

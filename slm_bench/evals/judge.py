@@ -12,11 +12,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+from fastcore.basics import patch
+
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['RUBRICS', 'PADDING', 'load_rubrics', 'parse_rating', 'parse_verdict', 'parse_hallucination', 'JudgeItem', 'Judge',
-           'SamplerJudge', 'stated_inputs', 'RuleJudge', 'grade_turns', 'position_bias', 'pad_answer', 'length_bias']
+__all__ = ['RUBRICS', 'ASPECTS', 'PADDING', 'load_rubrics', 'parse_rating', 'parse_verdict', 'parse_hallucination',
+           'parse_aspects', 'JudgeItem', 'Judge', 'SamplerJudge', 'stated_inputs', 'RuleJudge', 'grade_turns',
+           'position_bias', 'pad_answer', 'length_bias', 'rule_aspects', 'AspectJudge']
 
 # %% ../../nbs/evals/07_judge.ipynb #23f44326
 def load_rubrics(folder: Path | str | None = None) -> dict[str, str]:
@@ -50,6 +53,20 @@ def parse_hallucination(reply: str) -> bool | None:
     found = _HALLUCINATION.findall(reply)
     return found[-1].lower() == "yes" if found else None
 
+
+ASPECTS = ("accuracy", "style", "detail")  # what Phi-4's judge scores for judge-guided DPO
+
+
+def parse_aspects(reply: str) -> dict | None:
+    "Each aspect's last `Name: [[n]]` score (1 <= n <= 10) and their mean as 'overall'; None unless all three parse."
+    scores = {}
+    for name in ASPECTS:
+        found = [float(x) for x in re.findall(rf"{name}:\s*\[\[(\d+(?:\.\d+)?)\]\]", reply, re.I)]
+        if not found or not 1 <= found[-1] <= 10:
+            return None
+        scores[name] = found[-1]
+    return {**scores, "overall": sum(scores.values()) / len(ASPECTS)}
+
 # %% ../../nbs/evals/07_judge.ipynb #03bda939
 @dataclass
 class JudgeItem:
@@ -80,13 +97,17 @@ class SamplerJudge:
     single: str = "single@1"
     pairwise: str = "pairwise@1"
     grounding: str = "grounding@1"
+    aspects_rubric: str = "aspects@1"  # accuracy, style and detail (Phi-4's judge-guided DPO)
     max_new_tokens: int = 256
     kind: str = "llm"
 
     def __post_init__(self):
-        missing = [r for r in (self.single, self.pairwise, self.grounding) if r not in self.rubrics]
+        missing = [r for r in self._used() if r not in self.rubrics]
         if missing:
             raise BadInput(f"judge rubrics {missing} not found; rubrics: {', '.join(sorted(self.rubrics))}")
+
+    def _used(self) -> tuple:
+        return (self.single, self.pairwise, self.grounding, self.aspects_rubric)
 
     def _ask(self, texts: list[str]) -> list[str]:
         from slm_bench.infer.sampling import SamplingParams
@@ -106,9 +127,12 @@ class SamplerJudge:
     def hallucinated(self, items):
         return [parse_hallucination(r) for r in self._ask([self.rubrics[self.grounding].format(question=i.question, answer=i.answer) for i in items])]
 
+    def aspects(self, items):
+        return [parse_aspects(r) for r in self._ask([self.rubrics[self.aspects_rubric].format(question=i.question, answer=i.answer) for i in items])]
+
     def pin(self) -> dict:
         "What the run's manifest records: the model, its version and each rubric's name and content hash."
-        used = (self.single, self.pairwise, self.grounding)
+        used = self._used()
         return {"kind": self.kind, "model": self.model, "version": self.version,
                 "rubrics": {r: hashlib.sha256(self.rubrics[r].encode()).hexdigest()[:12] for r in used}}
 
@@ -230,3 +254,94 @@ def length_bias(judge, items: Sequence[JudgeItem], padding: str = PADDING) -> di
     return {"pairs": len(items), "grade_gain": sum(b - a for a, b in pairs) / len(pairs) if pairs else None,
             "longer_wins": sum(v == "B" for v in verdicts) / n, "shorter_wins": sum(v == "A" for v in verdicts) / n,
             "ties": sum(v == "C" for v in verdicts) / n}
+
+# %% ../../nbs/evals/07_judge.ipynb #39b68a9d
+_OPERATION = re.compile(r"[-+*/%]")
+
+
+def _program_steps(code: str) -> tuple[int, list[str]] | None:
+    "The steps a program computes and the rules its style breaks (None: not a program that parses)."
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)]
+    names = [a.targets[0].id for a in assigned]
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    broken = []
+    if any(len(name) < 3 for name in names):
+        broken.append("short names")
+    if any(sum(isinstance(n, ast.BinOp) for n in ast.walk(a.value)) > 1 for a in assigned):
+        broken.append("several operations on a line")
+    if any(name not in read for name in names):
+        broken.append("unused steps")
+    steps = sum(any(isinstance(n, ast.Name) for n in ast.walk(a.value)) for a in assigned)
+    return steps, broken
+
+
+def _text_steps(text: str) -> tuple[int, list[str]]:
+    lines = [re.sub(r"<<[^>]*>>", "", line) for line in text.splitlines() if "=" in line]
+    broken = ["several operations on a line"] if any(len(_OPERATION.findall(line.split("=")[0])) > 1 for line in lines) else []
+    return len(lines), broken
+
+
+def rule_aspects(answer: str, accuracy: float) -> dict:
+    "Accuracy (given), style and detail of one answer by our rules, and their mean as 'overall'."
+    code = answer[answer.index("def "):] if answer.lstrip().startswith("def ") else None
+    found = _program_steps(code) if code is not None else _text_steps(answer)
+    steps, broken = found if found is not None else (0, ["does not parse"])
+    style = 1.0 if found is None else 10.0 - 3 * len(broken)
+    scores = {"accuracy": accuracy, "style": style, "detail": float(min(10, 1 + 3 * steps))}
+    return {**scores, "overall": sum(scores.values()) / len(ASPECTS)}
+
+
+@patch
+def aspects(self: RuleJudge, items: Sequence[JudgeItem]) -> list[dict]:
+    "Accuracy (the rule grade), style and detail of each item, and 'overall' (their mean)."
+    return [rule_aspects(item.answer, grade) for item, grade in zip(items, self.grade(items))]
+
+# %% ../../nbs/evals/07_judge.ipynb #dd89d7d3
+@dataclass
+class AspectJudge:
+    "A judge's accuracy/style/detail scores as one judge (grade = overall, verdict = the higher overall), optionally slipping on accuracy."
+    judge: Any
+    slip: float = 0.0  # ours: the share of answers whose accuracy score is mirrored
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 <= self.slip <= 1.0:
+            raise BadInput(f"slip is a share of answers, between 0 and 1; got {self.slip}")
+
+    @property
+    def kind(self) -> str:
+        return self.judge.kind
+
+    def _slips(self, item: JudgeItem) -> bool:
+        essence = "\n".join(line for line in item.answer.replace(PADDING, "").splitlines() if line.strip() not in ("", "#"))
+        digest = hashlib.sha256(f"{self.seed}\n{item.question}\n{essence}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2 ** 64 < self.slip
+
+    def aspects(self, items: Sequence[JudgeItem]) -> list[dict | None]:
+        out = []
+        for item, scores in zip(items, self.judge.aspects(items)):
+            if scores is not None and self._slips(item):
+                scores = {**scores, "accuracy": 11.0 - scores["accuracy"]}
+                scores["overall"] = sum(scores[a] for a in ASPECTS) / len(ASPECTS)
+            out.append(scores)
+        return out
+
+    def grade(self, items):
+        return [None if s is None else s["overall"] for s in self.aspects(items)]
+
+    def compare(self, items_a, items_b):
+        grades = self.grade(list(items_a) + list(items_b))
+        pairs = zip(grades[:len(items_a)], grades[len(items_a):])
+        return [None if x is None or y is None else "A" if x > y else "B" if y > x else "C" for x, y in pairs]
+
+    def hallucinated(self, items):
+        return self.judge.hallucinated(items)
+
+    def pin(self) -> dict:
+        return {**self.judge.pin(), "aspects": list(ASPECTS), "accuracy_slip": self.slip, "slip_seed": self.seed}
