@@ -538,8 +538,8 @@ def test_phi4_judge_dpo_stage(smoke_run):
     metrics, audit = read(folder / "metrics.json"), read(folder / "audit.json")
     responses = [json.loads(line) for line in (folder / "responses.jsonl").read_text().splitlines()]
     pairs = [json.loads(line) for line in (folder / "pairs.jsonl").read_text().splitlines()]
-    assert len(responses) == 8 * 3 * 2  # smoke: 8 prompts, three responders, two samples each
-    assert {r["model"] for r in responses} == {"SFT", "DPO round 1", "SFT step 15"}
+    assert len(responses) == 8 * (3 * 2 + 1)  # smoke: 8 prompts, three checkpoints with two samples each, and the teacher
+    assert {r["model"] for r in responses} == {"SFT", "DPO round 1", "SFT step 15", "teacher"}
     groups = [[r for r in responses if r["prompt_index"] == i] for i in range(8)]
     assert [{k: v for k, v in p.items() if k != "oracle_agrees"} for p in pairs] == judged_pairs(groups, 1.0, "all")
     assert len(pairs) == metrics["judge_dpo_pairs"] > 0
@@ -555,3 +555,33 @@ def test_phi4_judge_dpo_stage(smoke_run):
     results = read(folder / "results.json")["results"]
     assert metrics["dpo2_pass@1"] == round(results["final (stage 1 + stage 2)"]["accuracy"], 4)
     assert (folder / "model" / "config.json").is_file()
+
+
+def test_phi4_ablations_recipe_runs_on_request_beside_a_finished_run(smoke_run):
+    "Not part of the all-stage run; asked for, it reuses the run's data stages; its deltas are the recorded scores' and its epochs the planned ones."
+    import subprocess
+
+    from conftest import ROOT, SLM_BENCH
+    from slm_bench.methods.mixture_ablation import mixture_deltas
+
+    run_dir, _, _ = smoke_run
+    assert not (run_dir / "mixture_ablations").exists() and not (run_dir / "synthetic_epochs").exists()
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--run-dir", str(run_dir), "--recipe", "phi4-ablations", "--no-report"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [line.split()[1] for line in proc.stdout.splitlines() if " cached" in line] == ["synth", "curate", "mixture"]
+    ablations = read(run_dir / "mixture_ablations" / "ablations.json")
+    assert list(ablations["mixtures"]) == ["reference", "Uniform", "S", "S + WR", "S + W", "web-heavy (phi-3-medium stand-in)"]
+    for name, shares in ablations["mixtures"].items():
+        assert shares["code"] == 0.25 and sum(shares.values()) == pytest.approx(1.0), name
+    recomputed = mixture_deltas({n: ablations["scores"][n] for n in ["reference", "Uniform", "S", "S + WR", "S + W"]}, "reference")
+    assert recomputed == ablations["table4"]
+    metrics = read(run_dir / "mixture_ablations" / "metrics.json")
+    assert metrics["s_minus_ref_knowledge"] == round(ablations["table4"]["S"]["knowledge"]["difference"], 4)
+    epochs = read(run_dir / "synthetic_epochs" / "epochs.json")
+    assert list(epochs["scores"]) == ["phase 1", "4 epochs", "12 epochs"]
+    for e in ("4", "12"):  # the draw stops at whole documents: within one document of the plan
+        assert epochs["realised"][e]["synthetic_epochs"] == pytest.approx(int(e), abs=1.0)
+        assert epochs["realised"][e]["web_epochs"] <= 1.0  # the web documents are fresh: none repeats
+    difference = sum(epochs["scores"]["12 epochs"]["reasoning"]) - sum(epochs["scores"]["4 epochs"]["reasoning"])
+    assert epochs["difference"]["reasoning"]["difference"] == pytest.approx(difference / len(epochs["scores"]["4 epochs"]["reasoning"]))

@@ -62,6 +62,17 @@ PHI4 = [
                                               "HumanEval+": 82.8, "ArenaHard": 75.4, "IFEval": 63.0},
     }, {("phi-4 (final = stage 1 + stage 2)", "HumanEval"): "from Table 1 (Table 9 prose gives the final row only for some columns)",
         ("phi-4 (final = stage 1 + stage 2)", "MGSM"): "from Table 1 (Table 9 prose gives the final row only for some columns)"}),
+    *_table("Phi-4", "Table 4", "phi4.md T4 (EN L172-177, L420-426): 7B, 1T tokens, deltas against the final mixture", {
+        "Uniform (S = W = WR)": {"ARCC": 0.6, "TQA": 3.3, "Average": -2.2},
+        "S": {"MMLU": 3.3, "MATH": 4.0, "GSM8k": 2.1, "HumanEval": -6.1, "ARCC": 1.9, "TQA": -3.0, "MMLU-pro": 3.7, "Average": 0.8},
+        "S + WR": {"MATH": 1.2, "GSM8k": 1.5, "HumanEval": -1.2, "TQA": -3.7, "MMLU-pro": 1.2, "Average": 0.4},
+        "S + W": {"MMLU": -0.6, "MATH": -0.7, "HumanEval": -4.3, "TQA": 6.9, "Average": 0.0},
+    }, {("Uniform (S = W = WR)", "Average"): "every other Uniform cell is negative, its value not given (EN L420)"}),
+    *_table("Phi-4", "Table 3", "phi4.md T3 (EN L160-166, L414): 13B synthetic-only, deltas against phi-3-medium", {
+        "Synthetic": {"MMLU": 0.8, "MMLU-pro": 4.0, "GSM8k": 2.2, "HumanEval": 12.1, "ARCC": 0.0, "MBPP": 5.0, "MATH": 4.9, "TQA": -14.8},
+        "Synthetic + Web Rewrites": {"MMLU": 0.3, "MMLU-pro": 4.1, "GSM8k": 1.8, "HumanEval": 13.3, "ARCC": 3.0, "MBPP": 7.6, "MATH": 8.1,
+                                     "TQA": -7.7},
+    }),
     *_table("Phi-4", "Figure 6", "phi4.md F6 (EN L273-277, L444)", {
         "Base": {"SimpleQA correct": 6.8, "SimpleQA incorrect": 90.0, "SimpleQA not attempted": 3.2},
         "SFT": {"SimpleQA correct": 3.7, "SimpleQA incorrect": 57.5, "SimpleQA not attempted": 38.7},

@@ -13,7 +13,8 @@ from typing import Sequence
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['Source', 'validate_sources', 'epochs', 'draw', 'plot_epochs', 'MixtureWidget']
+__all__ = ['Source', 'validate_sources', 'epochs', 'draw', 'plot_epochs', 'MixtureWidget', 'plot_epochs_compare',
+           'MixtureComparison']
 
 # %% ../../nbs/data/02_mixture.ipynb #aee9a7a2
 @dataclass(frozen=True)
@@ -135,3 +136,74 @@ class MixtureWidget:
             display(fig)
             plt.close(fig)
         return self.message.value
+
+# %% ../../nbs/data/02_mixture.ipynb #35d02e33
+def plot_epochs_compare(mixtures: dict[str, Sequence[Source]], budget: float, warn_at: float = 10.0, ax=None):
+    "Grouped bars: epochs per source for each named mixture (same sources), the `warn_at` threshold dashed."
+    import matplotlib.pyplot as plt
+
+    names = [s.name for s in next(iter(mixtures.values()))]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    width = 0.8 / len(mixtures)
+    for k, (label, sources) in enumerate(mixtures.items()):
+        if [s.name for s in sources] != names:
+            raise BadInput(f"mixture {label!r} has sources {[s.name for s in sources]}, the first one {names}")
+        values = [s.share * budget / s.unique_tokens for s in sources]
+        ax.bar([i + (k - (len(mixtures) - 1) / 2) * width for i in range(len(names))], values, width, label=label,
+               edgecolor=["#cf222e" if v > warn_at else "none" for v in values], linewidth=1.5)
+    ax.set_xticks(range(len(names)), names)
+    ax.axhline(warn_at, color="gray", ls="--", lw=1)
+    ax.set_ylabel("epochs")
+    ax.set_title(f"epochs per source for a budget of {budget:,.0f} tokens")
+    ax.legend(fontsize=8)
+    ax.figure.tight_layout()
+    return ax.figure
+
+# %% ../../nbs/data/02_mixture.ipynb #f15be091
+class MixtureComparison:
+    "Two mixtures of the same sources: a column of share sliders each, one budget; grouped epochs bars and a table of B − A."
+
+    def __init__(self, sources: Sequence[Source], other_shares: dict[str, float], budget: float, warn_at: float = 10.0,
+                 labels: tuple[str, str] = ("A", "B")):
+        import ipywidgets as widgets
+
+        unknown = sorted(set(other_shares) - {s.name for s in sources})
+        if unknown:
+            raise BadInput(f"other_shares names {unknown}, not sources here: {[s.name for s in sources]}")
+        self.unique, self.budget, self.warn_at, self.labels = {s.name: s.unique_tokens for s in sources}, budget, warn_at, labels
+        slider = lambda name, value: widgets.FloatSlider(value=value, min=0.0, max=1.0, step=0.01, description=name, continuous_update=False)
+        self.sliders = ({s.name: slider(s.name, s.share) for s in sources}, {s.name: slider(s.name, other_shares.get(s.name, 0.0)) for s in sources})
+        self.table, self.output = widgets.HTML(), widgets.Output()
+        for side in self.sliders:
+            for control in side.values():
+                control.observe(lambda change: self.redraw(), names="value")
+        columns = [widgets.VBox([widgets.HTML(f"<b>{label}</b>"), *side.values()]) for label, side in zip(labels, self.sliders)]
+        self.widget = widgets.VBox([widgets.HBox(columns), self.table, self.output])
+        self.redraw()
+
+    def mixtures(self) -> dict[str, list[Source]]:
+        "Each mixture's sources with its sliders' shares, normalised to sum to 1."
+        out = {}
+        for label, side in zip(self.labels, self.sliders):
+            total = sum(s.value for s in side.values()) or 1.0
+            out[label] = [Source(name, s.value / total, self.unique[name]) for name, s in side.items()]
+        return out
+
+    def redraw(self) -> dict[str, tuple[float, float, float]]:
+        "Redraw chart and table; returns each source's (epochs in A, in B, B − A)."
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        a, b = self.mixtures().values()
+        rows = {x.name: (x.share * self.budget / x.unique_tokens, y.share * self.budget / y.unique_tokens) for x, y in zip(a, b)}
+        rows = {name: (ea, eb, eb - ea) for name, (ea, eb) in rows.items()}
+        head = "".join(f"<th>{h}</th>" for h in ("source", f"epochs {self.labels[0]}", f"epochs {self.labels[1]}", "B − A"))
+        body = "".join(f"<tr><td>{n}</td><td>{ea:.1f}</td><td>{eb:.1f}</td><td>{d:+.1f}</td></tr>" for n, (ea, eb, d) in rows.items())
+        self.table.value = f"<table><tr>{head}</tr>{body}</table>"
+        with self.output:
+            self.output.clear_output(wait=True)
+            fig = plot_epochs_compare(self.mixtures(), self.budget, self.warn_at)
+            display(fig)
+            plt.close(fig)
+        return rows

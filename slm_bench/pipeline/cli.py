@@ -65,13 +65,14 @@ def cmd_recipes(args) -> int:
     from slm_bench.pipeline.stages import discover_stages, recipe_stages, recipes
 
     stages = discover_stages(default_pipeline_dir(args.pipeline))
-    listing = {name: {"stages": own, "needs": [n for n in recipe_stages(stages, [name]) if n not in own]}
-               for name, own in recipes(stages).items()}
+    listing = {name: {"stages": own, "needs": [n for n in recipe_stages(stages, [name]) if n not in own],
+                      "on_request": all(stages[n].on_request for n in own)} for name, own in recipes(stages).items()}
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
     for name, entry in listing.items():
-        print(f"{name}: {', '.join(entry['stages'])}" + (f"  (needs {', '.join(entry['needs'])})" if entry["needs"] else ""))
+        print(f"{name}: {', '.join(entry['stages'])}" + (f"  (needs {', '.join(entry['needs'])})" if entry["needs"] else "")
+              + ("  [on request: not in an all-stage run]" if entry["on_request"] else ""))
     return 0
 
 # %% ../../nbs/pipeline/07_cli.ipynb #a3797908

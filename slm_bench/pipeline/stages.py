@@ -37,9 +37,10 @@ class Stage:
     code_sha256: str = ""  # hash of the notebook's code cells: what the cache key sees of the notebook
     recipe: str = ""  # the folder it sits in under the stages root
     exclusive: bool = False  # runs with no other stage beside it (it measures the machine); see `pipeline.schedule`
+    on_request: bool = False  # left out of an all-stage run (`make run`); runs when its name or recipe is asked for
 
 # %% ../../nbs/pipeline/00_stages.ipynb #81451f9d
-_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list, "exclusive": bool}
+_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list, "exclusive": bool, "on_request": bool}
 
 
 def _stage_declaration(cell_source: str) -> ast.expr | None:
@@ -114,7 +115,7 @@ def read_stage(notebook: Path | str, recipe: str = "") -> Stage:
         name=decl["name"], notebook=notebook, about=decl.get("about", ""),
         inputs=tuple(decl.get("inputs", [])), outputs=tuple(decl.get("outputs", [])),
         params=params, key_metrics=tuple(decl.get("key_metrics", [])), code_sha256=notebook_code_hash(nb), recipe=recipe,
-        exclusive=decl.get("exclusive", False),
+        exclusive=decl.get("exclusive", False), on_request=decl.get("on_request", False),
     )
 
 # %% ../../nbs/pipeline/00_stages.ipynb #8f5a01c9
@@ -167,9 +168,9 @@ def discover_stages(pipeline_dir: Path | str) -> dict[str, Stage]:
 
 # %% ../../nbs/pipeline/00_stages.ipynb #0a2b78d0
 def select_stages(stages: dict[str, Stage], wanted: list[str] | None) -> list[str]:
-    "The requested stage names (all when `wanted` is None), in dependency order; unknown names are `BadInput`."
+    "The requested stage names (all but the on-request ones when `wanted` is None), in dependency order; unknown names are `BadInput`."
     if wanted is None:
-        return list(stages)
+        return [name for name, stage in stages.items() if not stage.on_request]
     unknown = [name for name in wanted if name not in stages]
     if unknown:
         raise BadInput(f"unknown stage {', '.join(map(repr, unknown))}; stages: {', '.join(stages)}")
