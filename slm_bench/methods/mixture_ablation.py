@@ -13,7 +13,7 @@ from typing import Sequence
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['PRODUCTS', 'FACT_PHRASES', 'TABLE4_MIXTURES', 'fact_bank', 'web_documents', 'web_rewrite', 'swapped_body',
+__all__ = ['PRODUCTS', 'FACT_PHRASES', 'TABLE4_MIXTURES', 'fact_bank', 'web_documents', 'web_rewrite', 'swapped_givens',
            'knowledge_items', 'reasoning_items', 'choice_correct', 'fixed_code_mixture', 'mixture_rows',
            'proxy_pretrain', 'mixture_deltas']
 
@@ -69,19 +69,21 @@ def web_rewrite(text: str) -> dict | None:
             "solution": f"{a} {shown} {b} = <<{a}{_OPERATOR[op]}{b}={c}>>{c}.\n#### {c}", "answer": int(c)}
 
 # %% ../../nbs/methods/18_mixture_ablation.ipynb #1471ed88
-_SWAP = {" + ": " - ", " - ": " + ", " * ": " + ", " // ": " * ", " / ": " * "}
+_GIVEN = re.compile(r"^(\s+[a-z_][a-z_0-9]* = )(\d+(?:\.\d+)?)\n?$")
 
 
-def swapped_body(body: str) -> str | None:
-    "The body with the first computing line's operation swapped (None if no line computes)."
+def swapped_givens(body: str, limit: int = 3) -> list[str]:
+    "Copies of the body with two given numbers trading places (distinct values; the first `limit` pairs)."
     lines = body.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        for old, new in _SWAP.items():
-            if " = " in line and old in line.split(" = ", 1)[1]:
-                head, tail = line.split(" = ", 1)
-                lines[i] = f"{head} = {tail.replace(old, new, 1)}"
-                return "".join(lines)
-    return None
+    givens = [(i, m) for i, line in enumerate(lines) if (m := _GIVEN.match(line))]
+    out = []
+    for a, (i, first) in enumerate(givens):
+        for j, second in givens[a + 1:]:
+            if first.group(2) != second.group(2) and len(out) < limit:
+                swapped = list(lines)
+                swapped[i], swapped[j] = f"{first.group(1)}{second.group(2)}\n", f"{second.group(1)}{first.group(2)}\n"
+                out.append("".join(swapped))
+    return out
 
 
 def knowledge_items(facts: Sequence[dict], options: int = 4, seed: int = 0) -> list[dict]:
@@ -95,17 +97,17 @@ def knowledge_items(facts: Sequence[dict], options: int = 4, seed: int = 0) -> l
     return items
 
 
-def reasoning_items(records: Sequence[dict]) -> list[dict]:
-    "One item per problem record whose program has a computing line: the prompt, its body, the body with an operation swapped."
+def reasoning_items(records: Sequence[dict], wrong: int = 3) -> list[dict]:
+    "One item per problem with two distinct given numbers: the prompt, its body, and up to `wrong` bodies with two givens swapped."
     from slm_bench.evals.tasks import tinygsm_prompt
     from slm_bench.methods.tinygsm import program_body
 
     items = []
     for r in records:
         body = program_body(r)
-        wrong = swapped_body(body)
-        if wrong is not None:
-            items.append({"prompt": tinygsm_prompt(r["question"]), "right": body, "wrong": [wrong]})
+        swapped = swapped_givens(body, wrong)
+        if swapped:
+            items.append({"prompt": tinygsm_prompt(r["question"]), "right": body, "wrong": swapped})
     return items
 
 # %% ../../nbs/methods/18_mixture_ablation.ipynb #e97cd268
