@@ -531,13 +531,13 @@ def test_phi4_hallucination_stage(smoke_run):
 
 def test_phi4_judge_dpo_stage(smoke_run):
     "Every response scored; the pairs are exactly what the labelling rule makes of the recorded scores; the audit is the scores against execution."
+    from slm_bench.core.store import read_jsonl
     from slm_bench.methods.judge_dpo import judged_pairs
 
     run_dir, _, _ = smoke_run
     folder = run_dir / "judge_dpo"
     metrics, audit = read(folder / "metrics.json"), read(folder / "audit.json")
-    responses = [json.loads(line) for line in (folder / "responses.jsonl").read_text().splitlines()]
-    pairs = [json.loads(line) for line in (folder / "pairs.jsonl").read_text().splitlines()]
+    responses, pairs = read_jsonl(folder / "responses.jsonl"), read_jsonl(folder / "pairs.jsonl")
     assert len(responses) == 8 * (3 * 2 + 1)  # smoke: 8 prompts, three checkpoints with two samples each, and the teacher
     assert {r["model"] for r in responses} == {"SFT", "DPO round 1", "SFT step 15", "teacher"}
     groups = [[r for r in responses if r["prompt_index"] == i] for i in range(8)]

@@ -18,8 +18,8 @@ from typing import Any
 from .errors import BadInput
 
 # %% auto #0
-__all__ = ['PROFILES', 'RUNNER_PARAMS', 'conform', 'accepts_str', 'ParamSpec', 'parse_parameters_cell', 'Profile', 'get_profile',
-           'parse_set', 'resolve_parameters', 'seed_everything']
+__all__ = ['SMOKE_PHI4_DATA', 'PROFILES', 'RUNNER_PARAMS', 'conform', 'accepts_str', 'ParamSpec', 'parse_parameters_cell',
+           'Profile', 'get_profile', 'parse_set', 'resolve_parameters', 'seed_everything']
 
 # %% ../../nbs/core/03_config.ipynb #bd1093e9
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict, "tuple": tuple}
@@ -188,6 +188,31 @@ def parse_parameters_cell(source: str, where: str) -> dict[str, ParamSpec]:
         specs[spec.name] = spec
     return specs
 
+# %% ../../nbs/core/03_config.ipynb #af615da5
+SMOKE_PHI4_DATA = {  # the smoke profile's settings for Phi-4's data, midtraining, round-2 and ablation stages
+    "workflows.annotated_pages": 40, "workflows.pages": 30, "workflows.plurality_questions": 16, "workflows.plurality_dev_questions": 16,
+    "workflows.plurality_samples": 4, "workflows.rewrite_seeds": 6, "workflows.revision_items": 8, "workflows.revision_rounds": 2,
+    "workflows.reversal_programs": 16, "workflows.reversal_steps": 2, "workflows.reversal_micro_batch_size": 4,
+    "workflows.dev_problems": 12, "workflows.max_new_tokens": 96,
+    "midtrain.base_context": 64, "midtrain.train_problems": 200, "midtrain.base_steps": 2, "midtrain.base_micro_batch_size": 4,
+    "midtrain.steps": 2, "midtrain.micro_batch_size": 2, "midtrain.recall_lengths": [64, 256], "midtrain.recall_problems": 8,
+    "midtrain.short_problems": 8, "midtrain.max_new_tokens": 96,
+    "hallucination.questions": 16, "hallucination.samples": 2, "hallucination.bogus": 8, "hallucination.replay": 16,
+    "hallucination.sft_steps": 2, "hallucination.sft_micro_batch_size": 4, "hallucination.dpo_steps": 2,
+    "hallucination.dpo_micro_batch_size": 4, "hallucination.test_answerable": 8, "hallucination.test_bogus": 8,
+    "hallucination.max_new_tokens": 96,
+    "judge_dpo.prompts": 8, "judge_dpo.early_step": 15, "judge_dpo.audit_pairs": 4, "judge_dpo.betas": [0.1], "judge_dpo.steps": 2,
+    "judge_dpo.micro_batch_size": 4, "judge_dpo.warmup_steps": 1, "judge_dpo.dev_problems": 8, "judge_dpo.test_problems": 12,
+    "judge_dpo.max_new_tokens": 96,
+    "mixture_ablations.facts": 24, "mixture_ablations.web_docs": 300, "mixture_ablations.rewrite_docs": 200,
+    "mixture_ablations.synthetic_docs": 300, "mixture_ablations.code_docs": 100, "mixture_ablations.steps": 3,
+    "mixture_ablations.micro_batch_size": 4, "mixture_ablations.seq_len": 128, "mixture_ablations.warmup_steps": 1,
+    "mixture_ablations.reasoning_problems": 24,
+    "synthetic_epochs.facts": 24, "synthetic_epochs.phase1_steps": 2, "synthetic_epochs.steps": 6, "synthetic_epochs.micro_batch_size": 4,
+    "synthetic_epochs.seq_len": 128, "synthetic_epochs.warmup_steps": 1, "synthetic_epochs.unique_synthetic_tokens": 150,
+    "synthetic_epochs.reasoning_problems": 24,
+}
+
 # %% ../../nbs/core/03_config.ipynb #f173729e
 @dataclass(frozen=True)
 class Profile:
@@ -245,27 +270,7 @@ PROFILES: dict[str, Profile] = {
              "orca_sft.steps": 4, "orca_sft.weak_steps": 2, "orca_sft.micro_batch_size": 4, "orca_sft.warmup_steps": 1,
              "orca_evaluate.test_problems": 12, "orca_evaluate.real_sets": {"gsm8k": 3, "svamp": 3}, "orca_evaluate.dialogues": 4,
              "orca_evaluate.max_new_tokens": 48,
-             "workflows.annotated_pages": 40, "workflows.pages": 30, "workflows.plurality_questions": 16, "workflows.plurality_dev_questions": 16,
-             "workflows.plurality_samples": 4, "workflows.rewrite_seeds": 6, "workflows.revision_items": 8, "workflows.revision_rounds": 2,
-             "workflows.reversal_programs": 16, "workflows.reversal_steps": 2, "workflows.reversal_micro_batch_size": 4,
-             "workflows.dev_problems": 12, "workflows.max_new_tokens": 96,
-             "midtrain.base_context": 64, "midtrain.train_problems": 200, "midtrain.base_steps": 2, "midtrain.base_micro_batch_size": 4,
-             "midtrain.steps": 2, "midtrain.micro_batch_size": 2, "midtrain.recall_lengths": [64, 256], "midtrain.recall_problems": 8,
-             "midtrain.short_problems": 8, "midtrain.max_new_tokens": 96,
-             "hallucination.questions": 16, "hallucination.samples": 2, "hallucination.bogus": 8, "hallucination.replay": 16,
-             "hallucination.sft_steps": 2, "hallucination.sft_micro_batch_size": 4, "hallucination.dpo_steps": 2,
-             "hallucination.dpo_micro_batch_size": 4, "hallucination.test_answerable": 8, "hallucination.test_bogus": 8,
-             "hallucination.max_new_tokens": 96,
-             "judge_dpo.prompts": 8, "judge_dpo.early_step": 15, "judge_dpo.audit_pairs": 4, "judge_dpo.betas": [0.1], "judge_dpo.steps": 2,
-             "judge_dpo.micro_batch_size": 4, "judge_dpo.warmup_steps": 1, "judge_dpo.dev_problems": 8, "judge_dpo.test_problems": 12,
-             "judge_dpo.max_new_tokens": 96,
-             "mixture_ablations.facts": 24, "mixture_ablations.web_docs": 300, "mixture_ablations.rewrite_docs": 200,
-             "mixture_ablations.synthetic_docs": 300, "mixture_ablations.code_docs": 100, "mixture_ablations.steps": 3,
-             "mixture_ablations.micro_batch_size": 4, "mixture_ablations.seq_len": 128, "mixture_ablations.warmup_steps": 1,
-             "mixture_ablations.reasoning_problems": 24,
-             "synthetic_epochs.facts": 24, "synthetic_epochs.phase1_steps": 2, "synthetic_epochs.steps": 6, "synthetic_epochs.micro_batch_size": 4,
-             "synthetic_epochs.seq_len": 128, "synthetic_epochs.warmup_steps": 1, "synthetic_epochs.unique_synthetic_tokens": 150,
-             "synthetic_epochs.reasoning_problems": 24},
+             **SMOKE_PHI4_DATA},
         ),
         Profile(
             "gpu",
