@@ -65,13 +65,6 @@ def judge_audit(scores: Sequence[dict | None], oracle: Sequence[bool], right_fro
 def sequence_pairs(tokenizer, questions: Sequence[str], pairs: Sequence[dict]) -> list[dict]:
     "Full-sequence DPO pairs as token ids: the TinyGSM prompt of the pair's question, chosen and rejected bodies with EOS."
     from slm_bench.evals.tasks import tinygsm_prompt
-    from slm_bench.lm.packing import prompt_completion_example
+    from slm_bench.train.dpo import text_pair
 
-    out = []
-    for p in pairs:
-        prompt = tinygsm_prompt(questions[p["prompt_index"]])
-        rows = [prompt_completion_example(tokenizer, prompt, p[side]) for side in ("chosen", "rejected")]
-        start = rows[0]["labels"].count(-100)
-        out.append({"prompt_ids": rows[0]["input_ids"][:start], "chosen_ids": rows[0]["input_ids"][start:],
-                    "rejected_ids": rows[1]["input_ids"][start:]})
-    return out
+    return [text_pair(tokenizer, tinygsm_prompt(questions[p["prompt_index"]]), p["chosen"], p["rejected"]) for p in pairs]

@@ -115,16 +115,12 @@ def choice_correct(model, tokenizer, items: Sequence[dict], batch_size: int = 32
     "Per item: is the right continuation strictly more likely than every wrong one (summed log-probabilities)?"
     import torch
 
-    from slm_bench.lm.packing import prompt_completion_example
-    from slm_bench.train.dpo import policy_logps, sequence_pair_tensors
+    from slm_bench.train.dpo import policy_logps, sequence_pair_tensors, text_pair
 
     pairs, owner = [], []
     for i, item in enumerate(items):
         for wrong in item["wrong"]:
-            right = prompt_completion_example(tokenizer, item["prompt"], item["right"], add_eos=False)
-            other = prompt_completion_example(tokenizer, item["prompt"], wrong, add_eos=False)
-            start = right["labels"].count(-100)
-            pairs.append({"prompt_ids": right["input_ids"][:start], "chosen_ids": right["input_ids"][start:], "rejected_ids": other["input_ids"][start:]})
+            pairs.append(text_pair(tokenizer, item["prompt"], item["right"], wrong, add_eos=False))
             owner.append(i)
     wins = [True] * len(items)
     model.eval()

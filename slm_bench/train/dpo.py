@@ -14,7 +14,7 @@ from ..core.errors import BadInput
 from ..lm.packing import IGNORE, left_pad
 
 # %% auto #0
-__all__ = ['dpo_loss', 'token_pair_tensors', 'sequence_pair_tensors', 'policy_logps', 'reference_logps', 'dpo_rows',
+__all__ = ['dpo_loss', 'token_pair_tensors', 'sequence_pair_tensors', 'text_pair', 'policy_logps', 'reference_logps', 'dpo_rows',
            'DPOObjective']
 
 # %% ../../nbs/train/02_dpo.ipynb #60d27607
@@ -49,6 +49,15 @@ def sequence_pair_tensors(pairs: Sequence[dict], pad_id: int, max_length: int | 
     P = len(pairs)
     return {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]).view(2, P, width).transpose(0, 1),
             "labels": torch.tensor([l + [IGNORE] * (width - len(l)) for l in labels]).view(2, P, width).transpose(0, 1)}
+
+# %% ../../nbs/train/02_dpo.ipynb #d9126a67
+def text_pair(tokenizer, prompt: str, chosen: str, rejected: str, add_eos: bool = True) -> dict:
+    "A sequence pair as token ids from prompt, chosen and rejected text."
+    from slm_bench.lm.packing import prompt_completion_example
+
+    first, second = (prompt_completion_example(tokenizer, prompt, text, add_eos=add_eos) for text in (chosen, rejected))
+    start = first["labels"].count(IGNORE)
+    return {"prompt_ids": first["input_ids"][:start], "chosen_ids": first["input_ids"][start:], "rejected_ids": second["input_ids"][start:]}
 
 # %% ../../nbs/train/02_dpo.ipynb #ff65c0ce
 def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
