@@ -566,7 +566,7 @@ def test_phi4_ablations_recipe_runs_on_request_beside_a_finished_run(smoke_run):
 
     run_dir, _, _ = smoke_run
     assert not (run_dir / "mixture_ablations").exists() and not (run_dir / "synthetic_epochs").exists()
-    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--run-dir", str(run_dir), "--recipe", "phi4-ablations", "--no-report"],
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--run-dir", str(run_dir), "--recipe", "phi4-ablations", "--no-report", "--jobs", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [line.split()[1] for line in proc.stdout.splitlines() if " cached" in line] == ["synth", "curate", "mixture"]

@@ -208,7 +208,7 @@ SMOKE_PHI4_DATA = {  # the smoke profile's settings for Phi-4's data, midtrainin
     "mixture_ablations.synthetic_docs": 300, "mixture_ablations.code_docs": 100, "mixture_ablations.steps": 3,
     "mixture_ablations.micro_batch_size": 4, "mixture_ablations.seq_len": 128, "mixture_ablations.warmup_steps": 1,
     "mixture_ablations.reasoning_problems": 24,
-    "synthetic_epochs.facts": 24, "synthetic_epochs.phase1_steps": 2, "synthetic_epochs.steps": 6, "synthetic_epochs.micro_batch_size": 4,
+    "synthetic_epochs.facts": 24, "synthetic_epochs.phase1_steps": 2, "synthetic_epochs.steps": 12, "synthetic_epochs.micro_batch_size": 4,
     "synthetic_epochs.seq_len": 128, "synthetic_epochs.warmup_steps": 1, "synthetic_epochs.unique_synthetic_tokens": 150,
     "synthetic_epochs.reasoning_problems": 24,
 }
