@@ -18,8 +18,8 @@ from ..core.errors import BadInput
 
 # %% auto #0
 __all__ = ['RUBRICS', 'ASPECTS', 'PADDING', 'load_rubrics', 'parse_rating', 'parse_verdict', 'parse_hallucination',
-           'parse_aspects', 'JudgeItem', 'Judge', 'SamplerJudge', 'stated_inputs', 'RuleJudge', 'grade_turns',
-           'position_bias', 'pad_answer', 'length_bias', 'rule_aspects', 'AspectJudge']
+           'parse_aspects', 'JudgeItem', 'Judge', 'SamplerJudge', 'stated_inputs', 'compare_by_grade', 'RuleJudge',
+           'grade_turns', 'position_bias', 'pad_answer', 'length_bias', 'rule_aspects', 'AspectJudge']
 
 # %% ../../nbs/evals/07_judge.ipynb #23f44326
 def load_rubrics(folder: Path | str | None = None) -> dict[str, str]:
@@ -172,6 +172,13 @@ def stated_inputs(reply: str) -> list[str]:
     return inputs
 
 
+def compare_by_grade(judge, items_a: Sequence[JudgeItem], items_b: Sequence[JudgeItem]) -> list[str | None]:
+    "A pairwise verdict from single grades: 'A' or 'B' for the higher grade, 'C' for a tie, None where either is ungraded."
+    grades = judge.grade(list(items_a) + list(items_b))
+    pairs = zip(grades[:len(items_a)], grades[len(items_a):])
+    return [None if x is None or y is None else "A" if x > y else "B" if y > x else "C" for x, y in pairs]
+
+
 @dataclass
 class RuleJudge:
     "The embedded tiny-world judge: RULE-BASED (not an LLM); grades by the known answer and the given quantities."
@@ -199,9 +206,7 @@ class RuleJudge:
                 for c, h in zip(self._correct(items), self.hallucinated(items))]
 
     def compare(self, items_a, items_b):
-        grades = self.grade(list(items_a) + list(items_b))
-        a, b = grades[:len(items_a)], grades[len(items_a):]
-        return ["A" if x > y else "B" if y > x else "C" for x, y in zip(a, b)]
+        return compare_by_grade(self, items_a, items_b)
 
     def pin(self) -> dict:
         return {"kind": self.kind, "model": self.name, "version": self.version,
@@ -336,9 +341,7 @@ class AspectJudge:
         return [None if s is None else s["overall"] for s in self.aspects(items)]
 
     def compare(self, items_a, items_b):
-        grades = self.grade(list(items_a) + list(items_b))
-        pairs = zip(grades[:len(items_a)], grades[len(items_a):])
-        return [None if x is None or y is None else "A" if x > y else "B" if y > x else "C" for x, y in pairs]
+        return compare_by_grade(self, items_a, items_b)
 
     def hallucinated(self, items):
         return self.judge.hallucinated(items)
