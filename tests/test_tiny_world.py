@@ -265,6 +265,41 @@ def test_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
     assert determined["training_precision"] == resolve_precision("auto", CausalLM())  # bf16 autocast where the CPU has AVX512-BF16
 
 
+@pytest.mark.slow
+def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_path):
+    """`--set train.strategy=fsdp --set train.processes=2`: pretrain and sft train under `accelerate launch` with FSDP
+    (two CPU processes over gloo here, GPUs on a node), and the rest of each notebook goes on with the trained weights.
+    Their micro-batch stays 8 rows per process and grad_accum 1 does not divide by 2, so each step takes twice the rows."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from conftest import ROOT, SLM_BENCH
+
+    run_dir, _, _ = smoke_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    proc = subprocess.run([str(SLM_BENCH), "run", "--profile", "smoke", "--no-report", "--run-dir", str(copy), "--stages", "pretrain,sft",
+                           "--set", "train.strategy=fsdp", "--set", "train.processes=2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for stage in ("pretrain", "sft"):
+        manifest = read(copy / stage / "manifest.json")
+        assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2}, stage
+        assert manifest["cache_key"] != read(run_dir / stage / "manifest.json")["cache_key"], stage  # the setting is in the key
+        launch = yaml.safe_load((copy / stage / "train" / "launch" / "accelerate.yaml").read_text())
+        assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \
+            ("FSDP", 2, "LlamaDecoderLayer"), stage
+        result = read(copy / stage / "train" / "launch" / "result.json")
+        assert result["processes"] == 2 and not (copy / stage / "train" / "launch" / "bundle.pt").exists(), stage
+        sharded = [json.loads(line) for line in (copy / stage / "train" / "metrics.jsonl").read_text().splitlines()]
+        single = [json.loads(line) for line in (run_dir / stage / "train" / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in sharded] == [m["step"] for m in single], stage
+        assert all(a["tokens"] == 2 * b["tokens"] for a, b in zip(sharded, single)), stage
+        assert sharded[-1]["loss"] < sharded[0]["loss"], stage
+        assert (copy / stage / "model" / "model.safetensors").is_file(), stage
+
+
 def test_llama2_stages(smoke_run):
     "Preferences in TRL's format that pass the boundary check, two reward models with scalar heads, two RS checkpoints, the figures."
     from slm_bench.methods.preferences import RATINGS, TRACKS, validate_preferences

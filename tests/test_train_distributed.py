@@ -29,3 +29,38 @@ def test_two_processes_equal_accumulation(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     losses = lambda run: [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
     assert losses("single") == losses("multi") and len(losses("multi")) == 3  # only the main process logs
+
+
+def test_the_engine_launches_ddp_and_fsdp_itself_and_trains_what_one_process_trains(tmp_path):
+    """`TrainConfig(strategy=..., processes=2)` from a single process (a stage's kernel): the engine hands the run to
+    `accelerate launch` (train.launch) and loads the trained weights back into the same model object. With grad_accum 2
+    split over 2 processes the global batch is unchanged, so DDP and FSDP (FSDP2, each decoder layer sharded) train the
+    same weights as one process, bit for bit, and log the same losses."""
+    import yaml
+
+    from slm_bench.lm.models import create_model, get_preset
+    from slm_bench.lm.packing import pack, text_example
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer, read_metrics
+
+    corpus = [f"Tom has {a} apples and buys {b} more, so he has {a + b} apples." for a in range(2, 30) for b in range(2, 12)]
+    tokenizer = train_tokenizer(corpus, vocab_size=320)
+    rows = pack([text_example(tokenizer, t) for t in corpus], seq_len=32, pad_id=tokenizer.pad_token_id)
+    trained, last = {}, {}
+    for strategy in ("single", "ddp", "fsdp"):
+        model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=64), seed=0)
+        config = TrainConfig(steps=3, micro_batch_size=4, grad_accum=2, progress=False, strategy=strategy, processes=2)
+        trainer = Trainer(model, CausalLM(), PackedRows(rows, 4, 0), config, tmp_path / strategy, tokenizer)
+        last[strategy] = trainer.train(resume=False)
+        assert trainer.trained_model() is model and trainer.step == 3  # the notebook's own model object holds the result
+        trained[strategy] = {k: v.clone() for k, v in model.state_dict().items()}
+    for strategy in ("ddp", "fsdp"):
+        assert all(torch.equal(trained["single"][k], trained[strategy][k]) for k in trained["single"]), strategy
+        assert [m["loss"] for m in read_metrics(tmp_path / strategy)] == [m["loss"] for m in read_metrics(tmp_path / "single")], strategy
+        assert (last[strategy]["processes"], last[strategy]["global_batch_factor"]) == (2, 1)
+        saved = load_file(tmp_path / strategy / "final" / "model.safetensors")
+        assert all(torch.equal(saved[k], trained["single"][k]) for k in saved if k in trained["single"]), strategy
+    launch = yaml.safe_load((tmp_path / "fsdp" / "launch" / "accelerate.yaml").read_text())
+    assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \
+        ("FSDP", 2, "LlamaDecoderLayer")
+    assert yaml.safe_load((tmp_path / "ddp" / "launch" / "accelerate.yaml").read_text())["distributed_type"] == "MULTI_GPU"

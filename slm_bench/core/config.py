@@ -18,8 +18,9 @@ from typing import Any
 from .errors import BadInput
 
 # %% auto #0
-__all__ = ['SMOKE_PHI4_DATA', 'PROFILES', 'RUNNER_PARAMS', 'conform', 'accepts_str', 'ParamSpec', 'parse_parameters_cell',
-           'Profile', 'get_profile', 'parse_set', 'resolve_parameters', 'seed_everything']
+__all__ = ['SMOKE_PHI4_DATA', 'PROFILES', 'RUNNER_PARAMS', 'ENGINE_SETTINGS', 'conform', 'accepts_str', 'ParamSpec',
+           'parse_parameters_cell', 'Profile', 'get_profile', 'engine_settings', 'engine_environment', 'parse_set',
+           'resolve_parameters', 'seed_everything']
 
 # %% ../../nbs/core/03_config.ipynb #bd1093e9
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict, "tuple": tuple}
@@ -313,6 +314,36 @@ def _targets(key: str, stage_params: dict[str, dict[str, ParamSpec]], source: st
         raise BadInput(f"{source}: {key!r} is set by the runner; use --run-dir instead")
     return found
 
+# %% ../../nbs/core/03_config.ipynb #6d87cf46
+ENGINE_SETTINGS: dict[str, tuple[str, ParamSpec]] = {  # key -> (the environment variable a stage's kernel reads, its type)
+    "train.strategy": ("SLM_BENCH_TRAIN_STRATEGY", ParamSpec("strategy", "str", "single",
+                                                             "single process, DDP, or FSDP over train.processes processes")),
+    "train.processes": ("SLM_BENCH_TRAIN_PROCESSES", ParamSpec("processes", "int | None", None,
+                                                               "processes for ddp/fsdp (None: every GPU, or every core on a CPU)")),
+}
+
+
+def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
+    "The run's training settings: defaults, then `profile`, then `--set` (only the `ENGINE_SETTINGS` keys)."
+    values = {key: spec.default for key, (_, spec) in ENGINE_SETTINGS.items()}
+    for key, value in profile.values.items():
+        if key in ENGINE_SETTINGS:
+            values[key] = ENGINE_SETTINGS[key][1].check(value, f"profile {profile.name!r}, key {key!r}")
+    for assignment in sets:
+        key, text = parse_set(assignment)
+        if key in ENGINE_SETTINGS:
+            values[key] = ENGINE_SETTINGS[key][1].parse(text, f"--set {assignment}")
+    if values["train.strategy"] not in ("single", "ddp", "fsdp"):
+        raise BadInput(f"train.strategy must be single, ddp or fsdp, got {values['train.strategy']!r}")
+    if values["train.processes"] is not None and values["train.processes"] < 1:
+        raise BadInput(f"train.processes must be at least 1, got {values['train.processes']}")
+    return values
+
+
+def engine_environment(settings: dict[str, Any]) -> dict[str, str]:
+    "The environment variables that give a stage's kernel these settings (every one set, so an inherited value never leaks in)."
+    return {variable: "" if settings[key] is None else str(settings[key]) for key, (variable, _) in ENGINE_SETTINGS.items()}
+
 # %% ../../nbs/core/03_config.ipynb #aadf7833
 def parse_set(assignment: str) -> tuple[str, str]:
     "`key=value` from the command line, split and checked."
@@ -329,12 +360,16 @@ def resolve_parameters(
     values = {stage: {name: spec.default for name, spec in specs.items() if name not in RUNNER_PARAMS}
               for stage, specs in stage_params.items()}
     for key, value in profile.values.items():
+        if key in ENGINE_SETTINGS:  # training settings for the whole run, not stage parameters
+            continue
         where = f"profile {profile.name!r}, key {key!r}"
         targets = _targets(key, stage_params, f"profile {profile.name!r}") if "." not in key or key.split(".")[0] in stage_params else []
         for stage, spec in targets:  # keys for stages outside this pipeline are skipped
             values[stage][spec.name] = spec.check(value, where)
     for assignment in sets:
         key, text = parse_set(assignment)
+        if key in ENGINE_SETTINGS:
+            continue
         for stage, spec in _targets(key, stage_params, f"--set {assignment}"):
             values[stage][spec.name] = spec.parse(text, f"--set {assignment}")
     return values

@@ -110,7 +110,7 @@ def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: 
     trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, lengths),
                       config, out, tokenizer)
     last = trainer.train()
-    return trainer.accelerator.unwrap_model(trainer.model), last
+    return trainer.trained_model(), last
 
 
 def score_pairs(model, rows: Sequence[dict]) -> tuple[list[float], list[float]]:

@@ -121,7 +121,7 @@ def _train(model, objective, examples: list[dict], tokenizer, config, out, seq_l
     rows = pack(examples, seq_len=seq_len, pad_id=tokenizer.pad_token_id, mode="greedy", seed=config.seed)
     trainer = Trainer(model, objective, PackedRows(rows, config.micro_batch_size, config.seed), config, out, tokenizer)
     last = trainer.train()
-    return Trained(trainer.accelerator.unwrap_model(trainer.model), last, len(examples), len(rows))
+    return Trained(trainer.trained_model(), last, len(examples), len(rows))
 
 
 def train_generator(model, tokenizer, records: Sequence[dict], config, out, seq_len: int = 384) -> Trained:
@@ -176,7 +176,7 @@ def pretrain_generator(model, tokenizer, rows: Sequence[dict], config, out) -> T
 
     trainer = Trainer(model, CausalLM(), PackedRows(list(rows), config.micro_batch_size, config.seed), config, out, tokenizer)
     last = trainer.train()
-    return Trained(trainer.accelerator.unwrap_model(trainer.model), last, len(rows), len(rows))
+    return Trained(trainer.trained_model(), last, len(rows), len(rows))
 
 
 def label_checkpoints(samplers: Sequence[tuple[str, object]], problems: Sequence[Problem], samples_per_question: int,

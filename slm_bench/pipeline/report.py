@@ -142,10 +142,13 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
         error = entry.get("error")
         error_html = (f"<div class='error'>{e(error['kind'])} in cell {e(str(error.get('cell')))}: {e(error['ename'])}: {e(str(error['evalue']))[:400]}</div>"
                       if error else "")
+        job = entry.get("job")  # a stage submitted to Slurm: its job, state and copied log
+        job_html = (f"<div class='job'>Slurm job {e(job['job_id'])} ({e(job['state'])})"
+                    + (f" &middot; <a href='{e(job['log'])}'>log</a>" if job.get("log") else "") + "</div>") if job else ""
         rows.append(
             f"<tr class='stage' data-stage='{e(name)}'><td>{number}</td><td class='recipe'>{e(entry.get('recipe', ''))}</td><td>{link}<div class='about'>{e(entry.get('about', ''))}</div>"
             f"<details><summary>parameters</summary>{params or '<br>(none)'}</details></td>"
-            f"<td class='{e(status)}'>{e(status)}</td><td>{e(entry.get('action', ''))}</td>"
+            f"<td class='{e(status)}'>{e(status)}</td><td>{e(entry.get('action', ''))}{job_html}</td>"
             f"<td>{e(_duration(entry.get('duration_s')))}</td><td>{_metrics_cell(entry)}{error_html}</td>"
             f"<td>{_thumbnails(figures.get(name, []))}</td></tr>"
         )
@@ -195,6 +198,12 @@ def render_report(run_dir: Path | str, report_dir: Path | str, force: bool = Fal
         raise BadInput(f"{run_dir} has no summary.json: not a run folder (run `slm-bench run --run-dir {run_dir}` first)")
     target = report_dir / summary["run_id"]
     target.mkdir(parents=True, exist_ok=True)
+    from slm_bench.pipeline.slurm import refresh_summary, report_jobs
+
+    jobs = report_jobs(run_dir, target)  # stages submitted to Slurm (`slm-bench submit`): each job's state and log
+    if jobs:  # each job wrote the summary of its own stage: rewrite it for the whole submission
+        summary = refresh_summary(summary, run_dir, jobs)
+        atomic_write_json(run_dir / "summary.json", summary)
     widgets_offline = copy_widget_assets(target)
     rendered = {} if force else read_json(target / RENDERED, {})
     pages = {}

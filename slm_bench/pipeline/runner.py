@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import nbformat
 
-from ..core.config import Profile, get_profile, resolve_parameters
+from ..core.config import ENGINE_SETTINGS, Profile, engine_environment, engine_settings, get_profile, resolve_parameters
 from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
 from ..core.paths import find_project_root, package_dir, package_versions
@@ -31,7 +31,7 @@ from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, 
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions',
-           'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'locate_failed_cell',
+           'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
            'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
            'interrupt_stops_kernels', 'stall_watchdog', 'execute_stage', 'build_summary', 'run_metrics', 'run_dir_lock',
            'log_results', 'run_pipeline', 'run_command_line']
@@ -93,6 +93,7 @@ class RunOptions:
     progress: bool = False  # papermill's per-cell progress bar (with --jobs 1 only: two bars from two stages garble)
     jobs: int = 1  # stages run at once; above 1 the running stages share the cores (`pipeline.schedule`)
     command: str = ""
+    lock_stages: bool = False  # lock only the selected stages' folders, not the run folder (jobs of `slm-bench submit`)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Plan:
     selected: list[str]
     params: dict[str, dict[str, Any]]
     profile: Profile
+    engine: dict[str, Any] = field(default_factory=dict)  # the run's training settings (`train.strategy`, ...)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #d5aa89bf
 def _check_not_file(path: Path, what: str) -> None:
@@ -136,6 +138,7 @@ def plan_run(options: RunOptions) -> Plan:
         raise BadInput("--recipe and --stages choose the stages two ways: pass one of them")
     selected = recipe_stages(stages, options.recipes) if options.recipes is not None else select_stages(stages, options.stages)
     params = resolve_parameters({name: stage.params for name, stage in stages.items()}, profile, options.sets)
+    engine = engine_settings(profile, options.sets)
     for name in selected:
         for upstream in stages[name].inputs:
             if upstream not in selected and not stage_finished(options.run_dir, upstream):
@@ -144,7 +147,7 @@ def plan_run(options: RunOptions) -> Plan:
                     f"add it (--stages {','.join([upstream, *selected])}) or run without --stages"
                 )
     ensure_kernel()
-    return Plan(options, stages, selected, {name: params[name] for name in stages}, profile)
+    return Plan(options, stages, selected, {name: params[name] for name in stages}, profile, engine)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #d98caf61
 def library_source_hash(package: Path | None = None) -> str:
@@ -157,6 +160,12 @@ def library_source_hash(package: Path | None = None) -> str:
 def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], library_hash: str) -> str:
     "What a finished stage's result depends on: the notebook's code, its parameters, its inputs and the library."
     return sha256_json({"notebook": stage.code_sha256, "params": params, "inputs": input_fingerprints, "library": library_hash})
+
+
+def key_params(plan: Plan, name: str) -> dict:
+    "The settings a stage's cache key covers: its parameters, and the run's training settings where they are not the defaults."
+    changed = {key: value for key, value in plan.engine.items() if value != ENGINE_SETTINGS[key][1].default}
+    return {**plan.params[name], **changed}
 
 
 def _now() -> str:
@@ -243,7 +252,7 @@ class KernelLaunch:
 
 
 @contextlib.contextmanager
-def kernel_environment(threads_file: Path | None = None, threads: int | None = None):
+def kernel_environment(threads_file: Path | None = None, threads: int | None = None, extra: dict[str, str] | None = None):
     """How a stage kernel is started; yields a `KernelLaunch`.
 
     * MPLBACKEND is removed from the environment the kernel inherits: with it set, ipykernel skips its
@@ -256,6 +265,7 @@ def kernel_environment(threads_file: Path | None = None, threads: int | None = N
     * With `threads` (the runner shares the cores between stages, `--jobs`): OMP_NUM_THREADS and MKL_NUM_THREADS
       start the kernel with its share, and `threads_file` (SLM_BENCH_THREADS_FILE) is where the runner writes
       its share as it changes (`pipeline.schedule`).
+    * `extra`: more variables, e.g. the run's training settings (`core.config.engine_environment`).
 
     The environment is the kernel's own (os.environ is not touched), so kernels can start from several threads at once.
     """
@@ -270,6 +280,7 @@ def kernel_environment(threads_file: Path | None = None, threads: int | None = N
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if threads_file is not None:
         env[THREADS_FILE_ENV] = str(threads_file)
+    env.update(extra or {})
     pids: list[int] = []
 
     class StageKernelManager(AsyncKernelManager):
@@ -385,7 +396,7 @@ def _running_manifest(plan: Plan, stage: Stage, key: str, attempt: int, inputs: 
     return {
         "stage": stage.name, "status": "running", "cache_key": key, "attempt": attempt,
         "notebook": {"path": str(stage.notebook), "code_sha256": stage.code_sha256},
-        "profile": plan.profile.name, "parameters": plan.params[stage.name], "inputs": inputs,
+        "profile": plan.profile.name, "parameters": plan.params[stage.name], "engine": plan.engine, "inputs": inputs,
         "versions": package_versions(), "host": socket.gethostname(), "started": started,
     }
 
@@ -436,7 +447,7 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
-        with (kernel_environment(share and share.file, share and share.threads) as launch,
+        with (kernel_environment(share and share.file, share and share.threads, engine_environment(plan.engine)) as launch,
               stall_watchdog(options.stall_timeout, watched=lambda: [p for p in _kernel_children() if p in launch.pids]) as stalled):
             pm.execute_notebook(
                 str(stage.notebook), str(executed),
@@ -496,18 +507,25 @@ def run_metrics(stages: list[dict]) -> dict:
 
 # %% ../../nbs/pipeline/02_runner.ipynb #52719987
 @contextlib.contextmanager
-def run_dir_lock(run_dir: Path):
-    "An exclusive lock on the run folder for the duration of a run (released even if the process is killed)."
+def run_dir_lock(run_dir: Path, stages: list[str] | None = None):
+    """An exclusive lock on the run folder for the duration of a run (released even if the process is killed).
+
+    With `stages`, the run folder's lock is shared and only those stages are locked exclusively (`.lock.<stage>`):
+    the jobs of `slm-bench submit` run different stages of one folder at the same time, while two jobs of the same
+    stage, or a job and a whole-folder run, still exclude each other."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BadInput(f"{run_dir} is in use by another slm-bench run; wait for it or pick another --run-dir") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    locks = [(run_dir / LOCK, fcntl.LOCK_EX)] if stages is None else [
+        (run_dir / LOCK, fcntl.LOCK_SH), *((run_dir / f"{LOCK}.{name}", fcntl.LOCK_EX) for name in stages)]
+    with contextlib.ExitStack() as held:
+        for path, mode in locks:
+            handle = held.enter_context(open(path, "a+"))
+            try:
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                what = run_dir if path.name == LOCK else f"stage {path.name.removeprefix(LOCK + '.')!r} of {run_dir}"
+                raise BadInput(f"{what} is in use by another slm-bench run; wait for it or pick another --run-dir") from None
+            held.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+        yield
 
 # %% ../../nbs/pipeline/02_runner.ipynb #f456db46
 def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
@@ -568,7 +586,7 @@ class _Run:
     def key_and_inputs(self, name: str) -> tuple[str, dict[str, str]]:
         "The stage's cache key and its inputs' fingerprints (its inputs are finished)."
         inputs = {up: stage_finished(self.plan.options.run_dir, up)["fingerprint"] for up in self.plan.stages[name].inputs}
-        return cache_key(self.plan.stages[name], self.plan.params[name], inputs, self.library_hash), inputs
+        return cache_key(self.plan.stages[name], key_params(self.plan, name), inputs, self.library_hash), inputs
 
     def take_cached(self) -> bool:
         "Mark the ready stages whose finished result matches their cache key as cached; whether there was one."
@@ -653,7 +671,7 @@ def run_pipeline(plan: Plan, log: Callable[[str], None] = print) -> dict:
             log_results(options.run_dir, log)
         return summary
 
-    with (run_dir_lock(options.run_dir), interrupt_stops_kernels() as interrupted,
+    with (run_dir_lock(options.run_dir, plan.selected if options.lock_stages else None), interrupt_stops_kernels() as interrupted,
           tempfile.TemporaryDirectory(prefix="slm-bench-threads-") as threads_dir,
           ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="stage") as pool):
         try:

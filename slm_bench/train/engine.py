@@ -54,6 +54,8 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = "auto"  # auto: bf16 autocast where the hardware computes bf16 natively (see `resolve_precision`); or "no" / "bf16"
     progress: bool = True
+    strategy: str | None = None  # single | ddp | fsdp; None: SLM_BENCH_TRAIN_STRATEGY, else single (see `train.launch`)
+    processes: int | None = None  # processes for ddp/fsdp; None: SLM_BENCH_TRAIN_PROCESSES, else every GPU (or core)
 
     def __post_init__(self):
         if self.steps < 1 or self.micro_batch_size < 1 or self.grad_accum < 1:
@@ -62,6 +64,8 @@ class TrainConfig:
             raise BadInput(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise BadInput(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
+        if self.strategy not in (None, "single", "ddp", "fsdp"):
+            raise BadInput(f"strategy must be single, ddp or fsdp, got {self.strategy!r}")
         if not 0 <= self.warmup_steps <= self.steps:
             raise BadInput(f"warmup_steps must be between 0 and steps ({self.steps}), got {self.warmup_steps}")
         self.betas, self.checkpoint_at = tuple(self.betas), tuple(sorted(set(self.checkpoint_at)))
@@ -243,9 +247,19 @@ class Trainer:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        from slm_bench.train.launch import in_launched_process, resolve_strategy
+
         self.config, self.objective, self.data, self.tokenizer = config, objective, data, tokenizer
         self.out = Path(out_dir)
         self.precision = resolve_precision(config.mixed_precision, objective)
+        self.step, self.tokens_seen = 0, 0
+        self.strategy, self.processes = resolve_strategy(config.strategy, config.processes)
+        # several processes asked for and this is not one of them: `train()` launches them (`train.launch`); this process
+        # keeps the model where it is and prepares nothing, so it holds no GPU memory the launched processes need
+        self.launcher = self.processes > 1 and not in_launched_process()
+        if self.launcher:
+            self.model, self.optimizer, self.accelerator = model, None, None
+            return
         set_seed(config.seed)
         # cpu=True without CUDA lets `torchrun`/`accelerate launch` with several processes use gloo on CPU,
         # the same data-parallel path as several GPUs. On CPU the engine applies bf16 autocast itself: accelerate's
@@ -257,7 +271,10 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.schedule = make_schedule(self.optimizer, config)
         self.accelerator.register_for_checkpointing(self.schedule)
-        self.step, self.tokens_seen = 0, 0
+
+    def trained_model(self):
+        "The model being trained, without the wrappers of accelerate (DDP, FSDP): what a stage saves or samples from."
+        return self.model if self.accelerator is None else self.accelerator.unwrap_model(self.model)
 
 # %% ../../nbs/train/00_engine.ipynb #0c9541c7
 def _micro_batches(self: Trainer, step: int) -> list[dict]:
@@ -364,6 +381,10 @@ def _train(self: Trainer, resume: bool = True) -> dict:
     "Run to `config.steps` (resuming from the latest checkpoint if asked); saves final/ and returns the last metrics."
     from tqdm.auto import tqdm
 
+    if self.launcher:  # ddp / fsdp over several processes, started here (`train.launch`)
+        from slm_bench.train.launch import launch_training
+
+        return launch_training(self, resume)
     config, acc = self.config, self.accelerator
     if resume:
         self.resume()
