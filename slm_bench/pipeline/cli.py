@@ -412,13 +412,20 @@ def _add_listing_commands(sub) -> None:
     p.set_defaults(func=cmd_presets)
 
 # %% ../../nbs/pipeline/07_cli.ipynb #8ed22743
+def _add_selection_options(p) -> None:
+    "--profile, --stages, --recipe and --set: which stages, with which parameters (run, plan, submit)."
+    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
+    p.add_argument("--stages", help="comma-separated stages (default: all); their inputs must be finished or included")
+    p.add_argument("--recipe", help="comma-separated recipes, with the stages they need (see `slm-bench recipes`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a parameter: stage.param=value, or param=value for every stage declaring it; train.strategy=ddp|fsdp and "
+                        "train.processes=N train every stage with several processes")
+
+
 def _add_run_commands(sub) -> None:
     "run, report, compare, lab."
     p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
-    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
-    p.add_argument("--stages", help="comma-separated stages to run (default: all); their inputs must be finished or included")
-    p.add_argument("--recipe", help="comma-separated recipes to run, with the stages they need (see `slm-bench recipes`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter: stage.param=value, or param=value for every stage declaring it")
+    _add_selection_options(p)
     p.add_argument("--run-dir", help="run folder (default: runs/<profile>)")
     p.add_argument("--report-dir", help="reports folder; the report goes to <report-dir>/<run id>/ (default: reports)")
     p.add_argument("--no-report", action="store_true", help="skip HTML rendering")
@@ -486,10 +493,7 @@ def _add_bench_command(sub) -> None:
 def _add_cluster_commands(sub) -> None:
     "plan, submit, status."
     p = sub.add_parser("plan", help="estimates before a run: each stage's parameters, memory (weights, optimizer, activations, KV cache) and time")
-    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
-    p.add_argument("--stages", help="comma-separated stages (default: all)")
-    p.add_argument("--recipe", help="comma-separated recipes, with the stages they need")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, as for `run`")
+    _add_selection_options(p)
     p.add_argument("--model", help="estimate on this model preset (slm-bench presets) instead of the run's")
     p.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s (default: the run's environment stage, else measured here)")
     p.add_argument("--utilization", type=float, default=0.4, help="share of the peak a stage reaches (ours; default 0.4)")
@@ -503,10 +507,7 @@ def _add_cluster_commands(sub) -> None:
 
     p = sub.add_parser("submit", help="queue the stages on Slurm: one job per stage, each after the jobs of its inputs (afterok)")
     p.add_argument("--run-dir", required=True, help="the run folder, on a file system every node mounts")
-    p.add_argument("--profile", default="tiny", help=f"named parameter set: {', '.join(PROFILES)} (default: tiny)")
-    p.add_argument("--stages", help="comma-separated stages to submit (default: all); their inputs must be finished or included")
-    p.add_argument("--recipe", help="comma-separated recipes to submit, with the stages they need")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, as for `run`")
+    _add_selection_options(p)
     p.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     p.add_argument("--gpus-per-stage", type=int, default=0, help="GPUs each stage job asks for (--gres=gpu:N; default 0)")
     p.add_argument("--cpus-per-stage", type=int, help="CPUs each stage job asks for (--cpus-per-task; its kernel's threads)")

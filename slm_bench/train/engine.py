@@ -239,7 +239,7 @@ def resolve_precision(requested: str = "auto", objective=None) -> str:
         return "bf16" if native_bf16() else "no"
     return "bf16" if getattr(objective, "cpu_bf16", False) and cpu_bf16_autocast(cpu_flags()) else "no"
 
-
+# %% ../../nbs/train/00_engine.ipynb #c166ea1d
 class Trainer:
     "Train `model` on `data` (a `PackedRows`) with `objective`; writes metrics.jsonl, checkpoints and final/ under `out_dir`."
 

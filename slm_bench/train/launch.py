@@ -135,7 +135,7 @@ def launch_training(trainer, resume: bool, log=print) -> dict:
     trainer.step, trainer.tokens_seen = result["step"], result["tokens_seen"]
     return {**result, "global_batch_factor": factor}
 
-# %% ../../nbs/train/05_launch.ipynb #03436e13
+# %% ../../nbs/train/05_launch.ipynb #c27b219a
 def main(folder: str | Path) -> None:
     "One process of a launched training run (`python -m slm_bench.train.launch FOLDER` under accelerate launch)."
     from slm_bench.train.engine import Trainer
@@ -152,8 +152,7 @@ def main(folder: str | Path) -> None:
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
 
-# %% ../../nbs/train/05_launch.ipynb #a5e65760
-#| eval: false
+# %% ../../nbs/train/05_launch.ipynb #46adb62a
 #| eval: false
 if __name__ == "__main__":
     main(sys.argv[1])
