@@ -57,18 +57,19 @@ def queue() -> list[str]:
     return subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True).stdout.split()
 
 
-# The TinyGSM recipe's stages and the machine check: data, pretraining, SFT, the verifier, sampling in the sandbox, the grid.
-# Every recipe of the smoke profile through Slurm took 23 min here, against 4 for these; tests/test_tiny_world.py runs them all.
-SMOKE_STAGES = ["environment", "synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid"]
+# Every stage of an all-stage run (the on-request ablations aside): 27 jobs, about 5 minutes on 2 cores
+SMOKE_STAGES = ["environment", "synth", "curate", "mixture", "pretrain", "sft", "chat_sft", "preferences", "reward_model",
+                "rejection_sampling", "ppo", "gatt", "contamination", "safety", "explanations", "strategy_choice", "orca_sft",
+                "orca_evaluate", "pts", "dpo", "workflows", "midtrain", "hallucination", "judge_dpo", "verifier", "evaluate", "grid"]
 
 
 @pytest.fixture(scope="module")
 def smoke_submitted(slurm, tmp_path_factory):
-    """The smoke profile's TinyGSM stages through Slurm twice: first with a setting that makes `mixture` fail (its
-    dependents are cancelled), then the same command without it, which resumes: the finished stages are not resubmitted."""
+    """The smoke profile through Slurm twice: first with a setting that makes `mixture` fail (its dependents are
+    cancelled), then the same command without it, which resumes: the finished stages are not resubmitted."""
     base = tmp_path_factory.mktemp("slurm-smoke")
     run_dir, reports = base / "run", base / "reports"
-    common = ["--profile", "smoke", "--stages", ",".join(SMOKE_STAGES), "--run-dir", run_dir, "--report-dir", reports, "--wait", "--poll", "1"]
+    common = ["--profile", "smoke", "--run-dir", run_dir, "--report-dir", reports, "--wait", "--poll", "1"]
     clock = time.perf_counter()
     failed = submit(*common, "--set", "mixture.shares={'nope': 1.0}")
     first_s = time.perf_counter() - clock
@@ -110,6 +111,9 @@ def test_the_resubmission_resumes_and_every_stage_finishes(smoke_submitted):
     assert {name for name in rows if rows[name]["job_id"] == first[name]["job_id"]} == {"environment", "synth", "curate"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {s["name"]: s["status"] for s in summary["stages"] if s["name"] in SMOKE_STAGES} == {name: "ok" for name in SMOKE_STAGES}
+    assert summary["selected"] == SMOKE_STAGES and summary["status"] == "ok"  # the report job rewrote it for the submission
+    assert {s["name"]: s["action"] for s in summary["stages"] if s["name"] in SMOKE_STAGES} == {
+        name: "cached" if name in ("environment", "synth", "curate") else "ran" for name in SMOKE_STAGES}
     assert 0 <= summary["metrics"]["sft_verify@N@1"] <= summary["metrics"]["sft_pass@k"] <= 1  # evaluate's figures, through Slurm
     assert '<span class="ok">ok</span>' in (reports / "run" / "index.html").read_text()
 
