@@ -189,7 +189,7 @@ SLURM_DIR = "slurm"  # in the run folder: the job scripts and logs
 SUBMISSION = "submission.json"  # in the run folder: every submission's jobs
 
 
-def validate_jobs(jobs: Sequence[StageJob], run_dir: Path) -> None:
+def validate_jobs(jobs: Sequence[StageJob]) -> None:
     "Ask Slurm whether it would accept each distinct set of job options (`sbatch --test-only`); nothing is queued."
     seen: set[tuple[str, ...]] = set()
     for job in jobs:
@@ -414,7 +414,7 @@ def submit_plan(plan, request: JobRequest, workdir: Path, dry_run: bool = False,
             log(f"  {job.name}: sbatch {' '.join(job.options)}" + (f" --dependency={job.dependency}:<{','.join(job.after)}>" if job.after else ""))
         entry["jobs"] = {job.name: {"after": list(job.after), "options": list(job.options), "script": job.script} for job in jobs}
         return entry
-    validate_jobs(jobs, options.run_dir)
+    validate_jobs(jobs)
     entry["jobs"] = submit_jobs(jobs, options.run_dir, options.run_dir.name, log)
     record_submission(options.run_dir, entry)
     return entry
