@@ -61,3 +61,15 @@ def test_llama2_7b_does_not_fit_an_80gb_gpu_and_plan_says_which_stages(tmp_path)
     evaluate = next(e for e in json.loads(proc.stdout)["stages"] if e["stage"] == "evaluate")
     assert evaluate["memory_bytes"]["kv_cache"] == 2 * 32 * 32 * 128 * 2 * 128 * (96 + 160)
     assert evaluate["memory_bytes"]["gradients"] == evaluate["memory_bytes"]["optimizer"] == 0
+
+
+def test_plan_on_a_pipeline_without_a_model_asks_for_one(tmp_path):
+    failing = ROOT / "tests" / "pipelines" / "failing"
+    proc = plan("--pipeline", failing, "--profile", "smoke", "--run-dir", tmp_path / "run", "--peak-tflops", "1")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"slm-bench plan: error: the pipeline {failing} has no pretrain stage to take the model from; "
+                           "pass --model PRESET (slm-bench presets)\n")
+    proc = plan("--pipeline", failing, "--profile", "smoke", "--run-dir", tmp_path / "run", "--peak-tflops", "1", "--model", "llama-2m")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-3:-1] == [
+        "ok                  no workload described for this stage (pipeline.estimate.WORKLOADS)",
+        "boom                no workload described for this stage (pipeline.estimate.WORKLOADS)"]

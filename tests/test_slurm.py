@@ -168,6 +168,22 @@ def test_refused_requests_exit_2_and_queue_nothing(slurm, tmp_path):
     assert tree(run_dir) == {} and queue() == before
 
 
+def test_a_dry_run_prints_the_jobs_and_needs_no_slurm(tmp_path):
+    "`--dry-run` shows each job's sbatch options and what it waits for, without Slurm on PATH, and writes nothing."
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    proc = submit("--pipeline", FAILING, "--profile", "smoke", "--run-dir", tmp_path / "run", "--dry-run", "--partition", "gpu",
+                  "--gpus-per-stage", "1", "--mem", "32G", env={"PATH": str(empty)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("note: no stage's memory could be estimated (no model to estimate on: the pipeline has no pretrain "
+                                "stage (pass --model PRESET)): --mem/--gpu-mem not checked\n")
+    assert proc.stdout.splitlines()[1:] == [
+        "  ok: sbatch --partition=gpu --mem=32G --gres=gpu:1",
+        "  boom: sbatch --partition=gpu --mem=32G --gres=gpu:1 --dependency=afterok:<ok>",
+        "  (report): sbatch --partition=gpu --dependency=afterany:<ok,boom>"]
+    assert tree(tmp_path / "run") == {}
+
+
 def test_without_slurm_on_path_nothing_is_submitted(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()

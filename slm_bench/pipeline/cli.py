@@ -223,6 +223,9 @@ def _estimates(args, plan):
     if not 0 < args.utilization <= 1:
         raise BadInput(f"--utilization must be in (0, 1], got {args.utilization}")
     preset = get_preset(args.model) if args.model else pipeline_model(plan.params)
+    if preset is None:
+        raise BadInput(f"the pipeline {plan.options.pipeline_dir} has no pretrain stage to take the model from; pass --model PRESET "
+                       "(slm-bench presets)")
     on_gpu = plan.params.get("environment", {}).get("device") == "cuda"
     peak, source = _peak_flops(args, plan)
     strategy, processes = plan.engine["train.strategy"], plan.engine["train.processes"] or args.gpus_per_stage
@@ -312,8 +315,10 @@ def cmd_submit(args) -> int:
         from slm_bench.pipeline.estimate import estimate_pipeline
 
         shards = (plan.engine["train.processes"] or request.gpus or 1) if strategy == "fsdp" else 1
-        _check_memory(estimate_pipeline(plan.params, plan.selected, peak_flops=1.0, activation_bytes=2 if request.gpus else 4,
-                                        shards=shards), args.gpu_mem, args.mem, request.gpus)
+        estimates = estimate_pipeline(plan.params, plan.selected, peak_flops=1.0, activation_bytes=2 if request.gpus else 4, shards=shards)
+        if all(e.note for e in estimates):
+            print(f"note: no stage's memory could be estimated ({estimates[0].note}): --mem/--gpu-mem not checked", file=sys.stderr)
+        _check_memory(estimates, args.gpu_mem, args.mem, request.gpus)
     warning = shared_path_warning(options.run_dir)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -175,8 +175,10 @@ WORKLOADS: dict[str, Callable[[Mapping[str, dict], dict], Workload]] = {
 }
 
 # %% ../../nbs/pipeline/10_estimate.ipynb #ae7cef47
-def pipeline_model(P: Mapping[str, dict]) -> ModelPreset:
-    "The model the pipeline trains, from the resolved parameters of `pretrain` and `mixture`."
+def pipeline_model(P: Mapping[str, dict]) -> ModelPreset | None:
+    "The model the pipeline trains, from the resolved parameters of `pretrain` and `mixture`; None in a pipeline without them."
+    if "pretrain" not in P or "mixture" not in P:
+        return None
     pre = P["pretrain"]
     return get_preset(pre["preset"], vocab_size=P["mixture"]["vocab_size"], hidden_size=pre["hidden_size"], num_layers=pre["num_layers"],
                       intermediate_size=pre["intermediate_size"], max_position_embeddings=512)
@@ -186,8 +188,18 @@ def estimate_pipeline(P: Mapping[str, dict], stages: list[str], peak_flops: floa
                       utilization: float = 0.4, activation_bytes: int = 2, shards: int = 1) -> list[StageEstimate]:
     "Every listed stage's estimate on the pipeline's model (or `preset`), in the given order; `shards`: FSDP's processes."
     preset = preset or pipeline_model(P)
-    return [estimate_stage(name, preset, WORKLOADS[name](P, P[name]) if name in WORKLOADS else None, peak_flops, utilization,
-                           activation_bytes, shards) for name in stages]
+    if preset is None:
+        return [StageEstimate(name, 0, note="no model to estimate on: the pipeline has no pretrain stage (pass --model PRESET)")
+                for name in stages]
+    return [estimate_stage(name, preset, _workload(P, name), peak_flops, utilization, activation_bytes, shards) for name in stages]
+
+
+def _workload(P: Mapping[str, dict], name: str) -> Workload | None:
+    "The stage's workload, or None where `WORKLOADS` does not describe it (or describes a stage of another pipeline)."
+    try:
+        return WORKLOADS[name](P, P[name]) if name in WORKLOADS else None
+    except KeyError:  # a stage of the same name, in a pipeline without the parameters or stages the entry reads
+        return None
 
 # %% ../../nbs/pipeline/10_estimate.ipynb #d4246c7e
 def format_bytes(n: float) -> str:
