@@ -18,7 +18,7 @@ from ..core.store import atomic_write_json, read_json
 
 # %% auto #0
 __all__ = ['STRATEGIES', 'STRATEGY_ENV', 'PROCESSES_ENV', 'LAUNCH_DIR', 'in_launched_process', 'resolve_strategy',
-           'decoder_layer_class', 'accelerate_config', 'launched_accumulation', 'launch_training', 'main']
+           'decoder_layer_class', 'accelerate_config', 'launched_accumulation', 'free_port', 'launch_training', 'main']
 
 # %% ../../nbs/train/05_launch.ipynb #2214fb81
 STRATEGIES = ("single", "ddp", "fsdp")
@@ -84,7 +84,16 @@ def launched_accumulation(grad_accum: int, processes: int) -> tuple[int, int]:
         return grad_accum // processes, 1
     return grad_accum, processes
 
-# %% ../../nbs/train/05_launch.ipynb #7eeef789
+# %% ../../nbs/train/05_launch.ipynb #cc3f0114
+def free_port() -> int:
+    "A TCP port on the loopback interface that nothing listens on now."
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+# %% ../../nbs/train/05_launch.ipynb #80a2e02a
 LAUNCH_DIR = "launch"
 
 
@@ -107,6 +116,7 @@ def launch_training(trainer, resume: bool, log=print) -> dict:
     config = dataclasses.replace(trainer.config, grad_accum=accum)
     layer = decoder_layer_class(trainer.model) if trainer.strategy == "fsdp" else None
     launch = accelerate_config(trainer.strategy, trainer.processes, trainer.precision, torch.cuda.is_available(), layer)
+    launch["main_process_port"] = free_port()  # two stages launching at once (--jobs 2, two jobs on a node) must not share one
     config_file = atomic_write_text(folder / "accelerate.yaml", yaml.safe_dump(launch, sort_keys=False))
     for stale in ("result.json", "state.pt"):
         (folder / stale).unlink(missing_ok=True)
@@ -135,7 +145,7 @@ def launch_training(trainer, resume: bool, log=print) -> dict:
     trainer.step, trainer.tokens_seen = result["step"], result["tokens_seen"]
     return {**result, "global_batch_factor": factor}
 
-# %% ../../nbs/train/05_launch.ipynb #c27b219a
+# %% ../../nbs/train/05_launch.ipynb #b4b12e3a
 def main(folder: str | Path) -> None:
     "One process of a launched training run (`python -m slm_bench.train.launch FOLDER` under accelerate launch)."
     from slm_bench.train.engine import Trainer
@@ -152,7 +162,7 @@ def main(folder: str | Path) -> None:
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
 
-# %% ../../nbs/train/05_launch.ipynb #46adb62a
+# %% ../../nbs/train/05_launch.ipynb #c6e9ba84
 #| eval: false
 if __name__ == "__main__":
     main(sys.argv[1])
