@@ -243,7 +243,7 @@ def _estimates(args, plan):
                             "(the environment stage measures it on the node)")
     return estimates, facts
 
-
+# %% ../../nbs/pipeline/07_cli.ipynb #90400ee8
 def _check_memory(estimates, gpu_mem: float | None, mem: str | None, gpus: int) -> None:
     "Refuse (exit 2) a stage whose estimate exceeds a GPU's memory (when jobs get GPUs) or the job's --mem."
     from slm_bench.pipeline.estimate import check_fits
@@ -290,7 +290,7 @@ def _job_request(args):
     return JobRequest(partition=args.partition, cpus=args.cpus_per_stage, mem=args.mem, gpus=args.gpus_per_stage,
                       time=args.time, extra=tuple(args.sbatch_arg or ()))
 
-
+# %% ../../nbs/pipeline/07_cli.ipynb #064ab91a
 def cmd_submit(args) -> int:
     "Validate the request (exit 2 and nothing queued if bad), then queue one Slurm job per stage that needs one."
     from slm_bench.pipeline.runner import RunOptions, plan_run, run_command_line
