@@ -228,8 +228,7 @@ def _estimates(args, plan):
                        "(slm-bench presets)")
     on_gpu = plan.params.get("environment", {}).get("device") == "cuda"
     peak, source = _peak_flops(args, plan)
-    strategy, processes = plan.engine["train.strategy"], plan.engine["train.processes"] or args.gpus_per_stage
-    shards = processes if strategy == "fsdp" else 1
+    shards = _fsdp_shards(plan.engine, args.gpus_per_stage)
     estimates = estimate_pipeline(plan.params, plan.selected, peak, preset, args.utilization, activation_bytes=2 if on_gpu else 4,
                                   shards=shards)
     facts = {"model": preset.name + ("" if args.model else " (the run's: pretrain's shape, the mixture's vocabulary)"),
@@ -237,13 +236,23 @@ def _estimates(args, plan):
                       f"FFN {preset.intermediate_size}, vocab {preset.vocab_size}",
              "peak_tflops": round(peak / 1e12, 4), "peak_source": source, "utilization": args.utilization,
              "activations": "bf16 (the profile runs on CUDA)" if on_gpu else "fp32 (CPU)",
-             "training": f"{strategy}" + (f", weights, gradients and optimizer sharded over {shards} processes" if shards > 1 else "")}
+             "training": plan.engine["train.strategy"] + (f", weights, gradients and optimizer sharded over {shards} processes" if shards > 1 else "")}
     if on_gpu and "cuda" not in source and args.peak_tflops is None:
         facts["warning"] = ("this profile runs on a GPU but the peak is this machine's; pass --peak-tflops with the GPU's "
                             "(the environment stage measures it on the node)")
     return estimates, facts
 
 # %% ../../nbs/pipeline/07_cli.ipynb #90400ee8
+def _fsdp_shards(engine: dict, gpus: int) -> int:
+    "How many processes share the model's weights, gradients and optimizer: train.processes (else the GPUs) under FSDP, else 1."
+    return (engine["train.processes"] or gpus or 1) if engine["train.strategy"] == "fsdp" else 1
+
+
+def _failed(rows) -> int:
+    "The exit code of `submit --wait` and `status`: 1 when a stage failed or was cancelled."
+    return 1 if any(row["state"] in ("failed", "cancelled") for row in rows) else 0
+
+
 def _check_memory(estimates, gpu_mem: float | None, mem: str | None, gpus: int) -> None:
     "Refuse (exit 2) a stage whose estimate exceeds a GPU's memory (when jobs get GPUs) or the job's --mem."
     from slm_bench.pipeline.estimate import check_fits
@@ -307,15 +316,14 @@ def cmd_submit(args) -> int:
     if not args.dry_run:
         require_slurm()
     plan = plan_run(options)
-    strategy = plan.engine["train.strategy"]
-    if request.gpus > 1 and strategy == "single":
+    if request.gpus > 1 and plan.engine["train.strategy"] == "single":
         raise BadInput(f"--gpus-per-stage {request.gpus}: a stage trains on one GPU unless the run trains with several processes; "
                        "add --set train.strategy=ddp (or fsdp, which shards a model too big for one GPU)")
     if args.mem is not None or args.gpu_mem is not None:  # refuse what will not fit before anything is queued
         from slm_bench.pipeline.estimate import estimate_pipeline
 
-        shards = (plan.engine["train.processes"] or request.gpus or 1) if strategy == "fsdp" else 1
-        estimates = estimate_pipeline(plan.params, plan.selected, peak_flops=1.0, activation_bytes=2 if request.gpus else 4, shards=shards)
+        estimates = estimate_pipeline(plan.params, plan.selected, peak_flops=1.0, activation_bytes=2 if request.gpus else 4,
+                                      shards=_fsdp_shards(plan.engine, request.gpus))
         if all(e.note for e in estimates):
             print(f"note: no stage's memory could be estimated ({estimates[0].note}): --mem/--gpu-mem not checked", file=sys.stderr)
         _check_memory(estimates, args.gpu_mem, args.mem, request.gpus)
@@ -331,7 +339,7 @@ def cmd_submit(args) -> int:
         return 0
     rows = wait_for_jobs(options.run_dir, poll_s=args.poll, log=lambda line: print(line, flush=True))
     print(format_status(rows))
-    return 1 if any(row["state"] in ("failed", "cancelled") for row in rows) else 0
+    return _failed(rows)
 
 
 def cmd_status(args) -> int:
@@ -343,7 +351,7 @@ def cmd_status(args) -> int:
         raise BadInput(f"{run_dir} has no {SUBMISSION}: nothing was submitted from it (slm-bench submit --run-dir {run_dir} ...)")
     rows = wait_for_jobs(run_dir, poll_s=args.poll, log=lambda line: print(line, flush=True)) if args.wait else submission_status(run_dir)
     print(json.dumps(rows, indent=2) if args.json else format_status(rows))
-    return 1 if any(row["state"] in ("failed", "cancelled") for row in rows) else 0
+    return _failed(rows)
 
 # %% ../../nbs/pipeline/07_cli.ipynb #f1ffae30
 BENCHMARKS = {
