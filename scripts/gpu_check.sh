@@ -4,8 +4,9 @@
 #   2. the `gpu` extra (vLLM) in .venv-gpu, unless it is already there (needs PyPI, or a prepared .venv-gpu)
 #   3. the sampler contract suite on every backend, vLLM included (tests/test_sampler_contract.py)
 #   4. `slm-bench bench backends`: vLLM against our HF backend on the same checkpoint and GPU
-#   5. the smoke profile on the GPU (stages sample with the HF backend: they do not choose vLLM yet), then
-#      `slm-bench plan --profile gpu` with the peak that run's environment stage measured on this GPU
+#   5. the TinyGSM recipe of the smoke profile on the GPU, every stage sampling with vLLM (--set sample.backend=vllm:
+#      each sampler a snapshot engine, one at a time), then `slm-bench plan --profile gpu` with the peak that run's
+#      environment stage measured on this GPU and vLLM's engine counted against the GPU's memory
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (default: runs/gpu-check); everything it prints is also in OUT_DIR/gpu_check.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +37,12 @@ timeout 240 "$VENV/bin/python" -m pytest tests/test_sampler_contract.py -q -rs -
 step "4. bench backends: vLLM against HF on one GPU"
 timeout 180 "$VENV/bin/slm-bench" bench backends || status=1
 
-step "5. the smoke profile on the GPU, then plan --profile gpu with its measured peak"
-timeout 300 "$VENV/bin/slm-bench" run --profile smoke --set environment.device=cuda --set "environment.sizes=[1024, 2048, 4096]" --run-dir "$OUT/smoke" --no-report --jobs 1 || status=1
-"$VENV/bin/slm-bench" plan --profile gpu --run-dir "$OUT/smoke" --recipe tinygsm || status=1
+step "5. the smoke profile's TinyGSM recipe on the GPU, sampling with vLLM, then plan --profile gpu with its measured peak"
+timeout 360 "$VENV/bin/slm-bench" run --profile smoke --recipe tinygsm --set sample.backend=vllm --set environment.device=cuda \
+  --set "environment.sizes=[1024, 2048, 4096]" --run-dir "$OUT/smoke" --no-report --jobs 1 || status=1
+"$VENV/bin/python" -c "import json; s = json.load(open('$OUT/smoke/summary.json')); print({k: v for k, v in s.get('metrics', {}).items() if 'pass' in k})" || status=1
+gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{printf "%.0f", $1 / 1024}')
+"$VENV/bin/slm-bench" plan --profile gpu --run-dir "$OUT/smoke" --recipe tinygsm --set sample.backend=vllm --gpu-mem "$gpu_gib" || status=1
 
 step "done: exit $status"
 exit $status

@@ -1,4 +1,6 @@
 """Bad requests get exit code 2, a message that names the problem and the fix, and write nothing."""
+import importlib.util
+
 import pytest
 
 from conftest import PIPELINES, ROOT, tree
@@ -25,6 +27,10 @@ BASIC = PIPELINES / "basic"
         (["--set", "environment.repeats"], "expected key=value"),
         (["--set", "run_dir=/tmp/elsewhere"], "is set by the runner; use --run-dir"),
         (["--cell-timeout", "0"], "--cell-timeout must be positive"),
+        (["--set", "sample.backend=tgi"], "sample.backend must be hf or vllm, got 'tgi'"),
+        (["--set", "sample.gpu_memory=0"], "sample.gpu_memory is a share of the GPU, in (0, 1], got 0.0"),
+        pytest.param(["--set", "sample.backend=vllm"], "sample.backend=vllm, but vLLM is not installed in",
+                     marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")),
     ],
 )
 def test_bad_run_requests(cli, tmp_path, args, message):

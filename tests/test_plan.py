@@ -39,7 +39,8 @@ def test_the_gpu_profile_plans_without_a_gpu_and_the_estimates_match_a_hand_calc
     assert sft["params"] == n == 1_244_032
     tokens = 650 * 24 * 256  # sft: steps × micro-batch × row length
     assert sft["memory_bytes"] == {"weights": 4 * n, "gradients": 4 * n, "optimizer": 8 * n,
-                                   "activations": 34 * 24 * 256 * 128 * 5 + 8 * 24 * 256 * 1024, "reference": 0, "kv_cache": 0}
+                                   "activations": 34 * 24 * 256 * 128 * 5 + 8 * 24 * 256 * 1024, "reference": 0, "kv_cache": 0,
+                                   "engine": 0}
     train_flops = tokens * 3 * (2 * (attention + mlp + embeddings) + 2 * 5 * 256 * 128)
     assert sft["flops"]["train_flops"] == train_flops
     assert sft["seconds"] == pytest.approx(train_flops / (100e12 * 0.4))
@@ -73,3 +74,29 @@ def test_plan_on_a_pipeline_without_a_model_asks_for_one(tmp_path):
     assert proc.returncode == 0 and proc.stdout.splitlines()[-3:-1] == [
         "ok                  no workload described for this stage (pipeline.estimate.WORKLOADS)",
         "boom                no workload described for this stage (pipeline.estimate.WORKLOADS)"]
+
+
+def test_sampling_on_vllm_counts_its_engine_and_refuses_a_share_that_cannot_hold_the_model(tmp_path):
+    """`--set sample.backend=vllm` with --gpu-mem: a sampling stage holds its model (fp32, 4·N) beside an engine of
+    sample.gpu_memory × the GPU; FSDP over 4 GPUs lets Llama 2 7B train, and the engine's share decides the rest."""
+    n, gib = 6_738_415_616, 2**30
+    common = ("--profile", "gpu", "--model", "llama2-7b", "--peak-tflops", "989", "--gpu-mem", "80", "--recipe", "tinygsm",
+              "--gpus-per-stage", "4", "--set", "train.strategy=fsdp", "--set", "sample.backend=vllm", "--run-dir", tmp_path / "run")
+    proc = plan(*common, "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["sampling"] == "vllm: an engine of 0.5 × 80 GiB beside the stage's model (the KV cache column)"
+    evaluate = next(e for e in result["stages"] if e["stage"] == "evaluate")
+    assert evaluate["memory_bytes"] == {"weights": 4 * n, "gradients": 0, "optimizer": 0, "activations": 0, "reference": 0,
+                                        "kv_cache": 0, "engine": 40 * gib}
+    proc = plan(*common, "--set", "sample.gpu_memory=0.8")  # 64 GiB of engine + 25.1 GiB of model > 80 GiB
+    assert proc.returncode == 2
+    over = f"about {(4 * n + 64 * gib) / gib:.1f} GiB (weights {4 * n / gib:.1f} GiB, engine 64.0 GiB)"
+    assert proc.stderr.splitlines() == ["slm-bench plan: error: 3 stage(s) will not fit one GPU (--gpu-mem) (80 GiB):",
+                                        f"  verifier: {over}", f"  evaluate: {over}", f"  grid: {over}",
+                                        "  lower the vLLM engine's share of the GPU (--set sample.gpu_memory), sample with "
+                                        "--set sample.backend=hf, or give the jobs a larger GPU"]
+    proc = plan(*common, "--set", "sample.gpu_memory=0.1")  # 8 GiB cannot hold 12.6 GiB of bf16 weights
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("slm-bench plan: error: a vLLM engine gets 8.0 GiB (sample.gpu_memory 0.1 of --gpu-mem 80 GiB), but "
+                           "llama2-7b's bf16 weights alone take 12.6 GiB: raise --set sample.gpu_memory, or sample with --set sample.backend=hf\n")

@@ -1,4 +1,5 @@
 """The tiny world end to end with the `smoke` profile: every stage runs through the real runner and kernel."""
+import importlib.util
 import json
 
 import pytest
@@ -265,6 +266,32 @@ def test_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
     assert determined["training_precision"] == resolve_precision("auto", CausalLM())  # bf16 autocast where the CPU has AVX512-BF16
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here: gpu_check.sh runs the stages on it")
+def test_stages_sample_on_the_backend_the_run_chose(smoke_run, tmp_path):
+    """`--set sample.backend=vllm` reaches each stage's kernel, and a stage's sampler comes from `infer.backend.open_sampler`:
+    with vLLM not installed here, pts (whose first cell opens its sampler) refuses with the fix, exit 2, and the setting is in
+    its manifest and key. This goes through the runner's API, as a Slurm job on a node without vLLM would; `slm-bench run`
+    refuses before any stage starts (test_bad_input)."""
+    import shutil
+
+    from conftest import ROOT
+
+    from slm_bench.core.errors import StageRefusedInput
+    from slm_bench.pipeline.runner import RunOptions, plan_run, run_pipeline
+
+    run_dir, _, _ = smoke_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    plan = plan_run(RunOptions(pipeline_dir=ROOT / "nbs" / "stages", run_dir=copy, profile="smoke", stages=["pts"],
+                               sets=["sample.backend=vllm"]))
+    with pytest.raises(StageRefusedInput) as failure:
+        run_pipeline(plan, log=lambda line: None)
+    assert "sample.backend=vllm, but vLLM is not installed in" in str(failure.value)
+    manifest = read(copy / "pts" / "manifest.json")
+    assert (manifest["status"], manifest["engine"]["sample.backend"]) == ("failed", "vllm")
+    assert manifest["cache_key"] != read(run_dir / "pts" / "manifest.json")["cache_key"]
+
+
 @pytest.mark.slow
 def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_path):
     """`--set train.strategy=fsdp --set train.processes=2`: pretrain and sft train under `accelerate launch` with FSDP
@@ -285,7 +312,7 @@ def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for stage in ("pretrain", "sft"):
         manifest = read(copy / stage / "manifest.json")
-        assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2}, stage
+        assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2, "sample.backend": "hf", "sample.gpu_memory": 0.5}, stage
         assert manifest["cache_key"] != read(run_dir / stage / "manifest.json")["cache_key"], stage  # the setting is in the key
         launch = yaml.safe_load((copy / stage / "train" / "launch" / "accelerate.yaml").read_text())
         assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \

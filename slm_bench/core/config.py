@@ -320,11 +320,15 @@ ENGINE_SETTINGS: dict[str, tuple[str, ParamSpec]] = {  # key -> (the environment
                                                              "single process, DDP, or FSDP over train.processes processes")),
     "train.processes": ("SLM_BENCH_TRAIN_PROCESSES", ParamSpec("processes", "int | None", None,
                                                                "processes for ddp/fsdp (None: every GPU, or every core on a CPU)")),
+    "sample.backend": ("SLM_BENCH_SAMPLE_BACKEND", ParamSpec("backend", "str", "hf",
+                                                             "the stages' sampler: hf (ours, CPU or GPU) or vllm (GPU, the gpu extra)")),
+    "sample.gpu_memory": ("SLM_BENCH_SAMPLE_GPU_MEMORY", ParamSpec("gpu_memory", "float", 0.5,
+                                                                   "the GPU share a vLLM engine may take (ours; training shares the GPU)")),
 }
 
 
 def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
-    "The run's training settings: defaults, then `profile`, then `--set` (only the `ENGINE_SETTINGS` keys)."
+    "The run's training and sampling settings: defaults, then `profile`, then `--set` (only the `ENGINE_SETTINGS` keys)."
     values = {key: spec.default for key, (_, spec) in ENGINE_SETTINGS.items()}
     for key, value in profile.values.items():
         if key in ENGINE_SETTINGS:
@@ -337,6 +341,10 @@ def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
         raise BadInput(f"train.strategy must be single, ddp or fsdp, got {values['train.strategy']!r}")
     if values["train.processes"] is not None and values["train.processes"] < 1:
         raise BadInput(f"train.processes must be at least 1, got {values['train.processes']}")
+    if values["sample.backend"] not in ("hf", "vllm"):
+        raise BadInput(f"sample.backend must be hf or vllm, got {values['sample.backend']!r}")
+    if not 0 < values["sample.gpu_memory"] <= 1:
+        raise BadInput(f"sample.gpu_memory is a share of the GPU, in (0, 1], got {values['sample.gpu_memory']}")
     return values
 
 
@@ -360,7 +368,7 @@ def resolve_parameters(
     values = {stage: {name: spec.default for name, spec in specs.items() if name not in RUNNER_PARAMS}
               for stage, specs in stage_params.items()}
     for key, value in profile.values.items():
-        if key in ENGINE_SETTINGS:  # training settings for the whole run, not stage parameters
+        if key in ENGINE_SETTINGS:  # settings for the whole run, not stage parameters
             continue
         where = f"profile {profile.name!r}, key {key!r}"
         targets = _targets(key, stage_params, f"profile {profile.name!r}") if "." not in key or key.split(".")[0] in stage_params else []

@@ -29,6 +29,13 @@ class VLLMSampler:
         self.max_context = self.llm.llm_engine.model_config.max_model_len
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 
+    def close(self) -> None:
+        "Shut the engine down and drop it, so the next engine on this GPU has its memory (`LLM.shutdown` where vLLM has it)."
+        llm, self.llm = getattr(self, "llm", None), None
+        shutdown = getattr(llm, "shutdown", None) or getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
 # %% ../../nbs/infer/04_vllm.ipynb #dff40e76
 def _params(self: VLLMSampler, params: SamplingParams, seed: int | None, **extra):
     from vllm import SamplingParams as VLLMParams

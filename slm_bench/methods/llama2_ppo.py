@@ -80,6 +80,7 @@ def heldout_score(reward: TinyWorldReward, items: Sequence[PreferencePrompt], ma
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=list(stop), seed=0)
 
     def score(policy) -> float:
+        # the live policy, as it trains: always HF (a vLLM snapshot per iteration is not this; see infer.backend)
         completions = [g[0] for g in HFSampler(policy, reward.tokenizer).generate(prompt_ids, params)]
         measured = reward.measure(items, completions)
         return statistics.fmean(measured["rc"] if reward.source == "rm" else measured["oracle"])

@@ -250,9 +250,7 @@ def train_pair(shape, tokenizer, pretrain_rows: Sequence[dict], records: Sequenc
     from dataclasses import asdict
     from pathlib import Path
 
-    from transformers import AutoModelForCausalLM
-
-    from slm_bench.infer.sampling import HFSampler
+    from slm_bench.infer.backend import open_sampler
     from slm_bench.lm.models import create_model
     from slm_bench.train.verifier import VerifierModel
 
@@ -263,9 +261,9 @@ def train_pair(shape, tokenizer, pretrain_rows: Sequence[dict], records: Sequenc
                                                                                 seed, progress), out / "pretrain").model
     generator = train_generator(model, tokenizer, records, sft_config(s["steps"], s["micro_batch_size"], s["lr"], s["warmup_steps"],
                                                                       s["checkpoint_at"], seed, progress), out / "sft", seq_len=s["seq_len"]).model
-    samplers = [("final", HFSampler(generator, tokenizer))]
+    samplers = [("final", open_sampler(generator, tokenizer))]
     if v["use_checkpoints"]:
-        samplers += [(name, HFSampler(AutoModelForCausalLM.from_pretrained(path), tokenizer)) for name, path in named_checkpoints(out / "sft")]
+        samplers += [(name, open_sampler(path, tokenizer)) for name, path in named_checkpoints(out / "sft")]
     rows, _ = label_checkpoints(samplers, verifier_problems[:v["questions"]], v["samples_per_question"], v["temperatures"], sandbox,
                                 dedup=v["dedup"], level=v["level"], max_new_tokens=v["max_new_tokens"], seed=seed)
     base = create_model(shape, seed=seed, **ids) if v["from_scratch"] else generator

@@ -121,6 +121,7 @@ def _name_list(text: str | None, option: str, example: str) -> list[str] | None:
 
 def cmd_run(args) -> int:
     "Validate the request (exit 2 and nothing written if bad), then execute the stages."
+    from slm_bench.infer.backend import check_backend_installed
     from slm_bench.pipeline.runner import RunOptions, plan_run, run_command_line, run_pipeline
 
     options = RunOptions(
@@ -132,6 +133,7 @@ def cmd_run(args) -> int:
         lock_stages=args.lock == "stages",
     )
     plan = plan_run(options)
+    check_backend_installed(plan.engine["sample.backend"])  # the stages sample here (submit leaves this to each job's node)
     run_pipeline(plan, log=lambda line: print(line, flush=True))
     return 0
 
@@ -218,7 +220,7 @@ def _peak_flops(args, plan) -> tuple[float, str]:
 def _estimates(args, plan):
     "The selected stages' estimates on the run's model (or --model), with the facts they rest on."
     from slm_bench.lm.models import get_preset
-    from slm_bench.pipeline.estimate import estimate_pipeline, pipeline_model
+    from slm_bench.pipeline.estimate import check_engine_share, estimate_pipeline, pipeline_model
 
     if not 0 < args.utilization <= 1:
         raise BadInput(f"--utilization must be in (0, 1], got {args.utilization}")
@@ -229,14 +231,18 @@ def _estimates(args, plan):
     on_gpu = plan.params.get("environment", {}).get("device") == "cuda"
     peak, source = _peak_flops(args, plan)
     shards = _fsdp_shards(plan.engine, args.gpus_per_stage)
+    engine_bytes, sampling = _vllm_engine(plan.engine, args.gpu_mem)
+    if engine_bytes:
+        check_engine_share(preset, engine_bytes, f"sample.gpu_memory {plan.engine['sample.gpu_memory']:g} of --gpu-mem {args.gpu_mem:g} GiB")
     estimates = estimate_pipeline(plan.params, plan.selected, peak, preset, args.utilization, activation_bytes=2 if on_gpu else 4,
-                                  shards=shards)
+                                  shards=shards, engine_bytes=engine_bytes)
     facts = {"model": preset.name + ("" if args.model else " (the run's: pretrain's shape, the mixture's vocabulary)"),
              "shape": f"h={preset.hidden_size}, {preset.num_layers} layers, {preset.num_heads} heads ({preset.num_kv_heads} KV), "
                       f"FFN {preset.intermediate_size}, vocab {preset.vocab_size}",
              "peak_tflops": round(peak / 1e12, 4), "peak_source": source, "utilization": args.utilization,
              "activations": "bf16 (the profile runs on CUDA)" if on_gpu else "fp32 (CPU)",
-             "training": plan.engine["train.strategy"] + (f", weights, gradients and optimizer sharded over {shards} processes" if shards > 1 else "")}
+             "training": plan.engine["train.strategy"] + (f", weights, gradients and optimizer sharded over {shards} processes" if shards > 1 else ""),
+             "sampling": sampling}
     if on_gpu and "cuda" not in source and args.peak_tflops is None:
         facts["warning"] = ("this profile runs on a GPU but the peak is this machine's; pass --peak-tflops with the GPU's "
                             "(the environment stage measures it on the node)")
@@ -246,6 +252,17 @@ def _estimates(args, plan):
 def _fsdp_shards(engine: dict, gpus: int) -> int:
     "How many processes share the model's weights, gradients and optimizer: train.processes (else the GPUs) under FSDP, else 1."
     return (engine["train.processes"] or gpus or 1) if engine["train.strategy"] == "fsdp" else 1
+
+
+def _vllm_engine(engine: dict, gpu_mem: float | None) -> tuple[float, str]:
+    "Bytes a sampling stage's vLLM engine takes (0 on the HF backend, or without --gpu-mem to size it), and how plan says so."
+    if engine["sample.backend"] != "vllm":
+        return 0, "hf (ours): the model's weights and one batch's KV cache"
+    if gpu_mem is None:
+        return 0, ("vllm: its engine takes sample.gpu_memory of the GPU, not counted here; pass --gpu-mem to count it "
+                   "(the KV cache column then shows the engine)")
+    share = engine["sample.gpu_memory"]
+    return share * gpu_mem * 2**30, f"vllm: an engine of {share:g} × {gpu_mem:g} GiB beside the stage's model (the KV cache column)"
 
 
 def _failed(rows) -> int:

@@ -14,8 +14,8 @@ from ..lm.models import ModelPreset, count_parameters, flops_per_token, get_pres
 
 # %% auto #0
 __all__ = ['PROMPT_TOKENS', 'SAMPLE_BATCH', 'GIB', 'WORKLOADS', 'TrainPhase', 'SamplePhase', 'Workload', 'train_memory',
-           'sample_memory', 'workload_flops', 'StageEstimate', 'estimate_stage', 'pipeline_model', 'estimate_pipeline',
-           'format_bytes', 'check_fits', 'format_plan']
+           'sample_memory', 'check_engine_share', 'workload_flops', 'StageEstimate', 'estimate_stage', 'pipeline_model',
+           'estimate_pipeline', 'format_bytes', 'check_fits', 'format_plan']
 
 # %% ../../nbs/pipeline/10_estimate.ipynb #b51d41ed
 PROMPT_TOKENS = 96  # ours: a typical prompt of the tiny world's problems, in tokens (a parameter of SamplePhase)
@@ -63,16 +63,29 @@ def train_memory(preset: ModelPreset, phase: TrainPhase, activation_bytes: int =
     tokens = rows * phase.seq_len
     activations = 34 * tokens * preset.hidden_size * preset.num_layers * activation_bytes / 2 + 8 * tokens * preset.vocab_size
     return {"weights": 4 * n, "gradients": 4 * n, "optimizer": 8 * n, "activations": activations,
-            "reference": 4 * n * shards if phase.reference else 0, "kv_cache": 0}  # the reference is not sharded
+            "reference": 4 * n * shards if phase.reference else 0, "kv_cache": 0, "engine": 0}  # the reference is not sharded
 
 
-def sample_memory(preset: ModelPreset, phase: SamplePhase, activation_bytes: int = 2, batch: int = SAMPLE_BATCH) -> dict[str, float]:
-    "Bytes held while sampling `phase` from `preset`: weights, the KV cache of one batch, its last logits."
+def sample_memory(preset: ModelPreset, phase: SamplePhase, activation_bytes: int = 2, batch: int = SAMPLE_BATCH,
+                  engine_bytes: float = 0) -> dict[str, float]:
+    """Bytes held while sampling `phase` from `preset`: weights, the KV cache of one batch, its last logits; with a vLLM
+    engine of `engine_bytes` (its own weights and KV cache) instead, the stage's model beside it and the engine."""
     n = count_parameters(preset)["total"]
+    if engine_bytes:
+        return {"weights": 4 * n, "gradients": 0, "optimizer": 0, "activations": 0, "reference": 0, "kv_cache": 0, "engine": engine_bytes}
     rows = min(batch, phase.sequences)
     per_token = 2 * preset.num_layers * preset.num_kv_heads * preset.head_dim * activation_bytes
     kv = per_token * rows * (phase.prompt_tokens + phase.new_tokens)
-    return {"weights": 4 * n, "gradients": 0, "optimizer": 0, "activations": 4 * rows * preset.vocab_size, "reference": 0, "kv_cache": kv}
+    return {"weights": 4 * n, "gradients": 0, "optimizer": 0, "activations": 4 * rows * preset.vocab_size, "reference": 0,
+            "kv_cache": kv, "engine": 0}
+
+
+def check_engine_share(preset: ModelPreset, engine_bytes: float, where: str) -> None:
+    "`BadInput` when a vLLM engine of `engine_bytes` cannot hold `preset`'s bf16 weights (vLLM would stop at start-up)."
+    weights = 2 * count_parameters(preset)["total"]
+    if weights >= engine_bytes:
+        raise BadInput(f"a vLLM engine gets {engine_bytes / GIB:.1f} GiB ({where}), but {preset.name}'s bf16 weights alone take "
+                       f"{weights / GIB:.1f} GiB: raise --set sample.gpu_memory, or sample with --set sample.backend=hf")
 
 # %% ../../nbs/pipeline/10_estimate.ipynb #e59f912d
 def workload_flops(preset: ModelPreset, workload: Workload) -> dict[str, float]:
@@ -105,14 +118,14 @@ class StageEstimate:
 
 
 def estimate_stage(stage: str, preset: ModelPreset, workload: Workload | None, peak_flops: float, utilization: float = 0.4,
-                   activation_bytes: int = 2, shards: int = 1) -> StageEstimate:
+                   activation_bytes: int = 2, shards: int = 1, engine_bytes: float = 0) -> StageEstimate:
     "The estimate of `workload` on `preset` at `peak_flops` × `utilization`; a note instead when the workload is unknown."
     if workload is None:
         return StageEstimate(stage, 0, note="no workload described for this stage (pipeline.estimate.WORKLOADS)")
     if not workload.train and not workload.sample:
         return StageEstimate(stage, 0, note="data only: no model work")
     phases = [train_memory(preset, p, activation_bytes, shards) for p in workload.train]
-    phases += [sample_memory(preset, p, activation_bytes) for p in workload.sample]
+    phases += [sample_memory(preset, p, activation_bytes, engine_bytes=engine_bytes) for p in workload.sample]
     peak = max(phases, key=lambda parts: sum(parts.values()))
     flops = workload_flops(preset, workload)
     seconds = (flops["train_flops"] + flops["sample_flops"]) / (peak_flops * utilization)
@@ -185,13 +198,14 @@ def pipeline_model(P: Mapping[str, dict]) -> ModelPreset | None:
 
 
 def estimate_pipeline(P: Mapping[str, dict], stages: list[str], peak_flops: float, preset: ModelPreset | None = None,
-                      utilization: float = 0.4, activation_bytes: int = 2, shards: int = 1) -> list[StageEstimate]:
-    "Every listed stage's estimate on the pipeline's model (or `preset`), in the given order; `shards`: FSDP's processes."
+                      utilization: float = 0.4, activation_bytes: int = 2, shards: int = 1, engine_bytes: float = 0) -> list[StageEstimate]:
+    "Every listed stage's estimate on the pipeline's model (or `preset`), in order; `shards`: FSDP's processes; `engine_bytes`: vLLM's."
     preset = preset or pipeline_model(P)
     if preset is None:
         return [StageEstimate(name, 0, note="no model to estimate on: the pipeline has no pretrain stage (pass --model PRESET)")
                 for name in stages]
-    return [estimate_stage(name, preset, _workload(P, name), peak_flops, utilization, activation_bytes, shards) for name in stages]
+    return [estimate_stage(name, preset, _workload(P, name), peak_flops, utilization, activation_bytes, shards, engine_bytes)
+            for name in stages]
 
 
 def _workload(P: Mapping[str, dict], name: str) -> Workload | None:
@@ -215,8 +229,12 @@ def check_fits(estimates: list[StageEstimate], limit_gib: float, where: str) -> 
     for e in over:
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in e.memory.items() if v)
         lines.append(f"  {e.stage}: about {format_bytes(e.peak_bytes)} ({parts})")
-    lines.append("  shard the model over several GPUs (--gpus-per-stage N --set train.strategy=fsdp), shrink the model or the "
-                 "micro-batch (--set), or give the jobs more memory; weights, gradients and AdamW alone take 16 bytes per parameter")
+    if any(e.memory.get("engine") for e in over):
+        lines.append("  lower the vLLM engine's share of the GPU (--set sample.gpu_memory), sample with --set sample.backend=hf, "
+                     "or give the jobs a larger GPU")
+    else:
+        lines.append("  shard the model over several GPUs (--gpus-per-stage N --set train.strategy=fsdp), shrink the model or the "
+                     "micro-batch (--set), or give the jobs more memory; weights, gradients and AdamW alone take 16 bytes per parameter")
     raise BadInput("\n".join(lines))
 
 # %% ../../nbs/pipeline/10_estimate.ipynb #33ed8744
@@ -234,7 +252,7 @@ def format_plan(estimates: list[StageEstimate]) -> str:
             continue
         m = e.memory
         lines.append(f"{e.stage:<19} {e.params / 1e6:>8.2f}M {format_bytes(m['weights'] + m['reference']):>10} "
-                     f"{format_bytes(m['gradients'] + m['optimizer']):>10} {format_bytes(m['activations']):>10} {format_bytes(m['kv_cache']):>10} "
+                     f"{format_bytes(m['gradients'] + m['optimizer']):>10} {format_bytes(m['activations']):>10} {format_bytes(m['kv_cache'] + m['engine']):>10} "
                      f"{format_bytes(e.peak_bytes):>10} {e.flops['train_tokens'] / 1e6:>9.2f}M {e.flops['sample_tokens'] / 1e6:>8.2f}M "
                      f"{(e.flops['train_flops'] + e.flops['sample_flops']) / 1e15:>8.3f} {_duration(e.seconds):>8}")
     total = sum(e.seconds for e in estimates)

@@ -104,7 +104,7 @@ class Plan:
     selected: list[str]
     params: dict[str, dict[str, Any]]
     profile: Profile
-    engine: dict[str, Any] = field(default_factory=dict)  # the run's training settings (`train.strategy`, ...)
+    engine: dict[str, Any] = field(default_factory=dict)  # the run's training and sampling settings (`train.strategy`, `sample.backend`, ...)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #d5aa89bf
 def _check_not_file(path: Path, what: str) -> None:
@@ -163,7 +163,7 @@ def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], li
 
 
 def key_params(plan: Plan, name: str) -> dict:
-    "The settings a stage's cache key covers: its parameters, and the run's training settings where they are not the defaults."
+    "The settings a stage's cache key covers: its parameters, and the run's training and sampling settings where they are not the defaults."
     changed = {key: value for key, value in plan.engine.items() if value != ENGINE_SETTINGS[key][1].default}
     return {**plan.params[name], **changed}
 
@@ -265,7 +265,7 @@ def kernel_environment(threads_file: Path | None = None, threads: int | None = N
     * With `threads` (the runner shares the cores between stages, `--jobs`): OMP_NUM_THREADS and MKL_NUM_THREADS
       start the kernel with its share, and `threads_file` (SLM_BENCH_THREADS_FILE) is where the runner writes
       its share as it changes (`pipeline.schedule`).
-    * `extra`: more variables, e.g. the run's training settings (`core.config.engine_environment`).
+    * `extra`: more variables, e.g. the run's training and sampling settings (`core.config.engine_environment`).
 
     The environment is the kernel's own (os.environ is not touched), so kernels can start from several threads at once.
     """

@@ -224,6 +224,7 @@ def _rollout(self: PPOTrainer, items: Sequence, prompt_ids: Sequence[Sequence[in
     self.policy.eval()
     params = SamplingParams(n=1, temperature=config.temperature, max_new_tokens=config.max_new_tokens, stop=list(config.stop),
                             seed=config.seed * 1_000_003 + self.iteration)
+    # the live policy, as it trains: always HF (a vLLM snapshot per iteration is not this; see infer.backend)
     completions = [g[0] for g in HFSampler(self.policy, self.tokenizer).generate(list(prompt_ids), params)]
     scores, facts = self.reward_fn(items, completions)
     if len(scores) != len(items):
