@@ -15,6 +15,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
+from ..core.config import ENGINE_SETTINGS
 from ..core.errors import BadInput
 from .sampling import Completion, HFSampler, Prompt, SamplingParams
 
@@ -24,7 +25,7 @@ __all__ = ['BACKENDS', 'BACKEND_VARIABLE', 'GPU_MEMORY_VARIABLE', 'sampling_back
 
 # %% ../../nbs/infer/05_backend.ipynb #0b6535f5
 BACKENDS = ("hf", "vllm")
-BACKEND_VARIABLE, GPU_MEMORY_VARIABLE = "SLM_BENCH_SAMPLE_BACKEND", "SLM_BENCH_SAMPLE_GPU_MEMORY"
+BACKEND_VARIABLE, GPU_MEMORY_VARIABLE = ENGINE_SETTINGS["sample.backend"][0], ENGINE_SETTINGS["sample.gpu_memory"][0]
 
 
 def sampling_backend() -> str:
@@ -41,21 +42,7 @@ def check_backend_installed(backend: str) -> None:
         raise BadInput(f"sample.backend=vllm, but vLLM is not installed in {sys.prefix}: on a GPU node, "
                        f"pip install -e '.[gpu]' (or sample with the default, --set sample.backend=hf)")
 
-# %% ../../nbs/infer/05_backend.ipynb #2e9d94ee
-def _close_engine(engine) -> None:
-    "Close an engine and give its memory back (vLLM: `close`; anything else: dropped)."
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
-    gc.collect()
-    try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
-
-# %% ../../nbs/infer/05_backend.ipynb #63dfb220
+# %% ../../nbs/infer/05_backend.ipynb #83fd893d
 class SnapshotSampler:
     "The Sampler contract over `engine_factory(checkpoint, tokenizer_dir)`, opened on first use; one open engine per process."
     live: ClassVar[SnapshotSampler | None] = None  # the snapshot whose engine is open
@@ -77,7 +64,7 @@ class SnapshotSampler:
         tokenizer.save_pretrained(self.tokenizer_dir)
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
 
-# %% ../../nbs/infer/05_backend.ipynb #b5111f46
+# %% ../../nbs/infer/05_backend.ipynb #f29ba055
 def _open(self: SnapshotSampler):
     "This snapshot's engine, opened now if it is not (closing any other snapshot's engine first)."
     if self.engine is None:
@@ -88,13 +75,25 @@ def _open(self: SnapshotSampler):
     return self.engine
 
 
+def _free_gpu_memory() -> None:
+    "Collect what was dropped and hand the GPU's cached blocks back, so the next engine finds them free."
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _close(self: SnapshotSampler) -> None:
-    "Close this snapshot's engine, if open (it reopens on next use)."
-    if self.engine is not None:
-        engine, self.engine = self.engine, None
-        if SnapshotSampler.live is self:
-            SnapshotSampler.live = None
-        _close_engine(engine)
+    "Close this snapshot's engine (vLLM's `close`; any other is dropped), if open: it reopens on next use."
+    if self.engine is None:
+        return
+    if SnapshotSampler.live is self:
+        SnapshotSampler.live = None
+    if hasattr(self.engine, "close"):
+        self.engine.close()
+    self.engine = None
+    _free_gpu_memory()
 
 
 def _generate(self: SnapshotSampler, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
@@ -107,13 +106,13 @@ def _score(self: SnapshotSampler, prompts: Sequence[Prompt], continuations: Sequ
 
 SnapshotSampler.open, SnapshotSampler.close, SnapshotSampler.generate, SnapshotSampler.score = _open, _close, _generate, _score
 
-# %% ../../nbs/infer/05_backend.ipynb #fc9e994f
+# %% ../../nbs/infer/05_backend.ipynb #0c1a7680
 def vllm_engine(checkpoint: Path, tokenizer_dir: Path):
     "A `VLLMSampler` on `checkpoint` with the stage's tokenizer and the run's GPU memory share."
     from slm_bench.infer.vllm import VLLMSampler
 
-    return VLLMSampler(str(checkpoint), tokenizer=str(tokenizer_dir),
-                       gpu_memory_utilization=float(os.environ.get(GPU_MEMORY_VARIABLE) or 0.5))
+    share = os.environ.get(GPU_MEMORY_VARIABLE) or ENGINE_SETTINGS["sample.gpu_memory"][1].default
+    return VLLMSampler(str(checkpoint), tokenizer=str(tokenizer_dir), gpu_memory_utilization=float(share))
 
 
 def open_sampler(model_or_path, tokenizer, backend: str | None = None, **hf_options):
