@@ -411,7 +411,8 @@ def submit_plan(plan, request: JobRequest, workdir: Path, dry_run: bool = False,
         return entry
     if dry_run:
         for job in jobs:
-            log(f"  {job.name}: sbatch {' '.join(job.options)}" + (f" --dependency={job.dependency}:<{','.join(job.after)}>" if job.after else ""))
+            dependency = [f"--dependency={job.dependency}:<{','.join(job.after)}>"] if job.after else []
+            log(f"  {job.name}: " + " ".join(["sbatch", *job.options, *dependency]))
         entry["jobs"] = {job.name: {"after": list(job.after), "options": list(job.options), "script": job.script} for job in jobs}
         return entry
     validate_jobs(jobs)
