@@ -43,6 +43,9 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         name: ("missing", "not selected") for name in on_request}
     assert summary["selected"] == [s["name"] for s in summary["stages"] if s["name"] not in on_request]
     assert all(s["status"] == "ok" for s in summary["stages"] if s["name"] not in on_request)
+    # each stage's peak memory: at least its kernel with torch imported, and far below this machine's memory
+    peaks = {s["name"]: s["peak_rss_bytes"] for s in summary["stages"] if s["name"] not in on_request}
+    assert {name: 150 * 2**20 < peak < 16 * 2**30 for name, peak in peaks.items()} == {name: True for name in peaks}
     metrics = summary["metrics"]
     for key in ("pivots", "pairs", "rollouts_used"):
         assert key in metrics, key
@@ -62,6 +65,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert metrics["sft_verify_minus_pass@1"] == pytest.approx(metrics["sft_verify@N@1"] - metrics["sft_pass@1"])
     index = (reports / "run" / "index.html").read_text()
     assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid", "pts", "dpo"))
+    assert index.count("<div class='about'>peak ") == len(peaks)
     for table in ("dpo/results", "evaluate/results", "grid/results"):  # the results tables: saved, in the index, printed at the end
         assert (run_dir / table.replace("/", "/tables/")).with_suffix(".json").is_file(), table
         assert f"<h2 class='results'>{table}</h2>" in index, table
@@ -325,6 +329,8 @@ def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_p
         assert all(a["tokens"] == 2 * b["tokens"] for a, b in zip(sharded, single)), stage
         assert sharded[-1]["loss"] < sharded[0]["loss"], stage
         assert (copy / stage / "model" / "model.safetensors").is_file(), stage
+        # the two training processes under accelerate launch count in the stage's peak memory (each imports torch)
+        assert manifest["peak_rss_bytes"] > read(run_dir / stage / "manifest.json")["peak_rss_bytes"] + 200 * 2**20, stage
 
 
 def test_llama2_stages(smoke_run):

@@ -113,6 +113,13 @@ def _duration(seconds) -> str:
         return ""
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
+
+def _peak_memory(n_bytes) -> str:
+    "A stage's peak resident memory as the index shows it under its duration ('' when not recorded)."
+    if not n_bytes:
+        return ""
+    return f"peak {n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"peak {n_bytes / 2**20:.0f} MiB"
+
 # %% ../../nbs/pipeline/03_report.ipynb #66046c50
 def _metrics_cell(entry: dict) -> str:
     metrics = entry.get("metrics") or {}
@@ -149,7 +156,8 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
             f"<tr class='stage' data-stage='{e(name)}'><td>{number}</td><td class='recipe'>{e(entry.get('recipe', ''))}</td><td>{link}<div class='about'>{e(entry.get('about', ''))}</div>"
             f"<details><summary>parameters</summary>{params or '<br>(none)'}</details></td>"
             f"<td class='{e(status)}'>{e(status)}</td><td>{e(entry.get('action', ''))}{job_html}</td>"
-            f"<td>{e(_duration(entry.get('duration_s')))}</td><td>{_metrics_cell(entry)}{error_html}</td>"
+            f"<td>{e(_duration(entry.get('duration_s')))}<div class='about'>{e(_peak_memory(entry.get('peak_rss_bytes')))}</div></td>"
+            f"<td>{_metrics_cell(entry)}{error_html}</td>"
             f"<td>{_thumbnails(figures.get(name, []))}</td></tr>"
         )
     note = "" if widgets_offline else ("<p class='note'>Widget snapshots are not embedded (the offline widget JavaScript "

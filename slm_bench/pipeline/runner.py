@@ -33,8 +33,8 @@ from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, 
 __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions',
            'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
            'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
-           'interrupt_stops_kernels', 'stall_watchdog', 'execute_stage', 'build_summary', 'run_metrics', 'run_dir_lock',
-           'log_results', 'run_pipeline', 'run_command_line']
+           'interrupt_stops_kernels', 'stall_watchdog', 'memory_peak', 'execute_stage', 'build_summary', 'run_metrics',
+           'run_dir_lock', 'log_results', 'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -390,6 +390,56 @@ def stall_watchdog(stall_s: float | None, poll_s: float = 1.0, min_cpu_s: float 
         if watcher:
             watcher.join()
 
+# %% ../../nbs/pipeline/02_runner.ipynb #8eb87d6d
+def _tree_rss_bytes(pid: int) -> int:
+    "Resident bytes of process `pid` and its live descendants, now."
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
+def _high_water_bytes(pid: int) -> int:
+    "Process `pid`'s own peak resident bytes so far (Linux `VmHWM`); 0 where the system does not say."
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextlib.contextmanager
+def memory_peak(watched: Callable[[], list[int]], poll_s: float = 0.5):
+    """While the block runs, follow the memory of the processes `watched()` and their descendants; yields a dict whose
+    `peak_rss_bytes` is the largest sum seen (every `poll_s`) or a watched process's own high-water mark, if larger."""
+    import threading
+
+    peak, done = {"peak_rss_bytes": 0}, threading.Event()
+
+    def watch():
+        while True:
+            pids = watched()
+            seen = max(sum(_tree_rss_bytes(pid) for pid in pids), *(_high_water_bytes(pid) for pid in pids), 0)
+            peak["peak_rss_bytes"] = max(peak["peak_rss_bytes"], seen)
+            if done.wait(poll_s):
+                return
+
+    watcher = threading.Thread(target=watch, name="memory-peak", daemon=True)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watcher.join()
+
 # %% ../../nbs/pipeline/02_runner.ipynb #2182a6de
 def _running_manifest(plan: Plan, stage: Stage, key: str, attempt: int, inputs: dict[str, str], started: str) -> dict:
     "The manifest of a stage as it starts: what it runs (notebook, parameters, inputs), where, and with which software."
@@ -448,7 +498,8 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     error: BaseException | None = None
     try:
         with (kernel_environment(share and share.file, share and share.threads, engine_environment(plan.engine)) as launch,
-              stall_watchdog(options.stall_timeout, watched=lambda: [p for p in _kernel_children() if p in launch.pids]) as stalled):
+              stall_watchdog(options.stall_timeout, watched=lambda: [p for p in _kernel_children() if p in launch.pids]) as stalled,
+              memory_peak(lambda: [p for p in _kernel_children() if p in launch.pids]) as memory):
             pm.execute_notebook(
                 str(stage.notebook), str(executed),
                 parameters={**params, "run_dir": str(options.run_dir), "out_dir": str(folder)},
@@ -463,8 +514,8 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     duration = time.perf_counter() - clock
     if error is None:
         error = _missing_outputs(stage, folder)
-    manifest.update(finished=_now(), duration_s=round(duration, 3), metrics=read_json(folder / METRICS, {}),
-                    determined_by=_determined_by(params, folder))
+    manifest.update(finished=_now(), duration_s=round(duration, 3), peak_rss_bytes=memory["peak_rss_bytes"],
+                    metrics=read_json(folder / METRICS, {}), determined_by=_determined_by(params, folder))
     if share is not None:  # [seconds after the start, threads]: the cores this stage had as other stages came and went
         manifest["threads"] = [list(change) for change in share.history]
     return _close_stage(stage, folder, manifest, error, options.cell_timeout, report_page)
@@ -479,7 +530,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
         stages.append({
             "name": name, "recipe": stage.recipe, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
             "status": manifest.get("status", "missing"), "action": actions.get(name, "not selected"),
-            "duration_s": manifest.get("duration_s"), "finished": manifest.get("finished"),
+            "duration_s": manifest.get("duration_s"), "peak_rss_bytes": manifest.get("peak_rss_bytes"), "finished": manifest.get("finished"),
             "metrics": manifest.get("metrics", {}), "key_metrics": list(stage.key_metrics),
             "parameters": manifest.get("parameters", plan.params[name]), "error": manifest.get("error"),
             "executed_notebook": f"{name}/{EXECUTED_NOTEBOOK}" if (options.run_dir / name / EXECUTED_NOTEBOOK).exists() else None,
