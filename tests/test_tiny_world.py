@@ -63,6 +63,15 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         low, high = metrics[f"{key}_ci"]
         assert low <= metrics[key] <= high, key
     assert metrics["sft_verify_minus_pass@1"] == pytest.approx(metrics["sft_verify@N@1"] - metrics["sft_pass@1"])
+    # model FLOP utilization of the training stages: achieved GFLOP/s (tokens/s × 3 × forward FLOPs per token, by hand for
+    # sft's llama shape at its 256-token rows) over the environment stage's measured peak
+    sft_config = json.loads((run_dir / "sft" / "model" / "config.json").read_text())
+    h, layers, ffn, vocab = (sft_config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    forward = 2 * (layers * (4 * h * h + 3 * h * ffn) + vocab * h) + 2 * layers * 256 * h
+    assert metrics["sft.train_gflops_per_s"] == pytest.approx(metrics["sft.tokens_per_s"] * 3 * forward / 1e9, rel=1e-3)
+    for stage in ("pretrain", "sft"):
+        assert metrics[f"{stage}.train_fraction_of_peak"] == round(metrics[f"{stage}.train_gflops_per_s"] / metrics["peak_gflops"], 4)
+        assert 0 < metrics[f"{stage}.train_fraction_of_peak"] < 1
     index = (reports / "run" / "index.html").read_text()
     assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid", "pts", "dpo"))
     assert index.count("<div class='about'>peak ") == len(peaks)

@@ -14,9 +14,9 @@ from ..core.errors import BadInput
 from ..core.store import atomic_write_json
 
 # %% auto #0
-__all__ = ['PRESETS', 'PAPER_FFN_MULTIPLIER', 'ModelPreset', 'get_preset', 'validate_preset', 'build_config', 'create_model',
-           'count_parameters', 'flops_per_token', 'describe', 'matched_ffn_width', 'with_kv_heads', 'check_vocab',
-           'add_tokens', 'save_checkpoint', 'checkpoint_problem', 'load_checkpoint']
+__all__ = ['PRESETS', 'PAPER_FFN_MULTIPLIER', 'ModelPreset', 'get_preset', 'validate_preset', 'build_config', 'preset_of',
+           'create_model', 'count_parameters', 'flops_per_token', 'describe', 'matched_ffn_width', 'with_kv_heads',
+           'check_vocab', 'add_tokens', 'save_checkpoint', 'checkpoint_problem', 'load_checkpoint']
 
 # %% ../../nbs/lm/00_models.ipynb #bb9fec82
 @dataclass(frozen=True)
@@ -101,6 +101,20 @@ def build_config(preset: ModelPreset, bos_token_id: int = 1, eos_token_id: int =
     if preset.family == "llama":
         return LlamaConfig(**common, hidden_act="silu", attention_bias=False, mlp_bias=False)
     return Phi3Config(**common, hidden_act="silu", sliding_window=None, original_max_position_embeddings=preset.max_position_embeddings)
+
+
+def preset_of(config) -> ModelPreset:
+    "The shape of a transformers Llama or Phi-3 config as a `ModelPreset` (`build_config`'s inverse; named after its model type)."
+    family = {"llama": "llama", "phi3": "phi"}.get(config.model_type)
+    if family is None:
+        raise BadInput(f"model type {config.model_type!r} has no preset family (llama, phi3)")
+    rope = getattr(config, "rope_parameters", None) or {}
+    return ModelPreset(name=f"{config.model_type} (from its config)", family=family, hidden_size=config.hidden_size,
+                       num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
+                       num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
+                       vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
+                       rope_theta=float(rope.get("rope_theta", 10_000.0)), rms_norm_eps=config.rms_norm_eps,
+                       tie_embeddings=bool(config.tie_word_embeddings))
 
 
 def create_model(preset: ModelPreset | str, seed: int = 0, **config_ids):

@@ -34,7 +34,7 @@ __all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 
            'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
            'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
            'interrupt_stops_kernels', 'stall_watchdog', 'memory_peak', 'execute_stage', 'build_summary', 'run_metrics',
-           'run_dir_lock', 'log_results', 'run_pipeline', 'run_command_line']
+           'training_utilization', 'run_dir_lock', 'log_results', 'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -554,7 +554,16 @@ def run_metrics(stages: list[dict]) -> dict:
     for entry in stages:
         for name, value in entry["metrics"].items():
             merged[name if counts[name] == 1 else f"{entry['name']}.{name}"] = value
-    return merged
+    return {**merged, **training_utilization(stages)}
+
+
+def training_utilization(stages: list[dict]) -> dict:
+    "Each training stage's achieved GFLOP/s over the environment stage's measured matmul peak (`<stage>.train_fraction_of_peak`)."
+    peak = next((entry["metrics"].get("peak_gflops") for entry in stages if entry["name"] == "environment"), None)
+    if not peak:
+        return {}
+    return {f"{entry['name']}.train_fraction_of_peak": round(entry["metrics"]["train_gflops_per_s"] / peak, 4)
+            for entry in stages if "train_gflops_per_s" in entry["metrics"]}
 
 # %% ../../nbs/pipeline/02_runner.ipynb #52719987
 @contextlib.contextmanager
