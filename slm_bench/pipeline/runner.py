@@ -336,17 +336,23 @@ def interrupt_stops_kernels():
         signal.signal(signal.SIGINT, previous)
 
 # %% ../../nbs/pipeline/02_runner.ipynb #1a67eda0
-def _tree_cpu_seconds(pid: int) -> float:
-    "CPU seconds used by process `pid` and its descendants: the live ones, and those that exited and were reaped."
+def _process_tree(pid: int) -> list:
+    "Process `pid` and its live descendants (psutil), or none when it is gone."
     import psutil
 
     try:
         root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0
+        return []
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    "CPU seconds used by process `pid` and its descendants: the live ones, and those that exited and were reaped."
+    import psutil
+
     total = 0.0
-    for process in processes:
+    for process in _process_tree(pid):
         with contextlib.suppress(psutil.Error):
             t = process.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
@@ -395,13 +401,8 @@ def _tree_rss_bytes(pid: int) -> int:
     "Resident bytes of process `pid` and its live descendants, now."
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
     total = 0
-    for process in processes:
+    for process in _process_tree(pid):
         with contextlib.suppress(psutil.Error):
             total += process.memory_info().rss
     return total
