@@ -18,9 +18,9 @@ from typing import Any
 from .errors import BadInput
 
 # %% auto #0
-__all__ = ['SMOKE_PHI4_DATA', 'PROFILES', 'RUNNER_PARAMS', 'ENGINE_SETTINGS', 'conform', 'accepts_str', 'ParamSpec',
-           'parse_parameters_cell', 'Profile', 'get_profile', 'engine_settings', 'engine_environment', 'parse_set',
-           'resolve_parameters', 'seed_everything']
+__all__ = ['SMOKE_PHI4_DATA', 'PROFILES', 'RUNNER_PARAMS', 'SAMPLE_BACKENDS', 'ENGINE_SETTINGS', 'conform', 'accepts_str',
+           'ParamSpec', 'parse_parameters_cell', 'Profile', 'get_profile', 'engine_settings', 'engine_environment',
+           'parse_set', 'resolve_parameters', 'seed_everything']
 
 # %% ../../nbs/core/03_config.ipynb #bd1093e9
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict, "tuple": tuple}
@@ -315,6 +315,7 @@ def _targets(key: str, stage_params: dict[str, dict[str, ParamSpec]], source: st
     return found
 
 # %% ../../nbs/core/03_config.ipynb #6d87cf46
+SAMPLE_BACKENDS = ("hf", "vllm")  # our HF sampler; vLLM on GPU nodes (`infer.backend`)
 ENGINE_SETTINGS: dict[str, tuple[str, ParamSpec]] = {  # key -> (the environment variable a stage's kernel reads, its type)
     "train.strategy": ("SLM_BENCH_TRAIN_STRATEGY", ParamSpec("strategy", "str", "single",
                                                              "single process, DDP, or FSDP over train.processes processes")),
@@ -341,8 +342,8 @@ def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
         raise BadInput(f"train.strategy must be single, ddp or fsdp, got {values['train.strategy']!r}")
     if values["train.processes"] is not None and values["train.processes"] < 1:
         raise BadInput(f"train.processes must be at least 1, got {values['train.processes']}")
-    if values["sample.backend"] not in ("hf", "vllm"):
-        raise BadInput(f"sample.backend must be hf or vllm, got {values['sample.backend']!r}")
+    if values["sample.backend"] not in SAMPLE_BACKENDS:
+        raise BadInput(f"sample.backend must be {' or '.join(SAMPLE_BACKENDS)}, got {values['sample.backend']!r}")
     if not 0 < values["sample.gpu_memory"] <= 1:
         raise BadInput(f"sample.gpu_memory is a share of the GPU, in (0, 1], got {values['sample.gpu_memory']}")
     return values

@@ -15,7 +15,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
-from ..core.config import ENGINE_SETTINGS
+from ..core.config import ENGINE_SETTINGS, SAMPLE_BACKENDS
 from ..core.errors import BadInput
 from .sampling import Completion, HFSampler, Prompt, SamplingParams
 
@@ -24,7 +24,7 @@ __all__ = ['BACKENDS', 'BACKEND_VARIABLE', 'GPU_MEMORY_VARIABLE', 'sampling_back
            'SnapshotSampler', 'vllm_engine', 'open_sampler']
 
 # %% ../../nbs/infer/05_backend.ipynb #0b6535f5
-BACKENDS = ("hf", "vllm")
+BACKENDS = SAMPLE_BACKENDS
 BACKEND_VARIABLE, GPU_MEMORY_VARIABLE = ENGINE_SETTINGS["sample.backend"][0], ENGINE_SETTINGS["sample.gpu_memory"][0]
 
 

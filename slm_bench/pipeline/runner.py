@@ -498,15 +498,15 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
-        with (kernel_environment(share and share.file, share and share.threads, engine_environment(plan.engine)) as launch,
-              stall_watchdog(options.stall_timeout, watched=lambda: [p for p in _kernel_children() if p in launch.pids]) as stalled,
-              memory_peak(lambda: [p for p in _kernel_children() if p in launch.pids]) as memory):
-            pm.execute_notebook(
-                str(stage.notebook), str(executed),
-                parameters={**params, "run_dir": str(options.run_dir), "out_dir": str(folder)},
-                kernel_name=KERNEL_NAME, cwd=str(folder), log_output=False, **launch.engine_kwargs,
-                progress_bar=options.progress and options.jobs == 1, execution_timeout=options.cell_timeout,
-            )
+        with kernel_environment(share and share.file, share and share.threads, engine_environment(plan.engine)) as launch:
+            kernels = lambda: [p for p in _kernel_children() if p in launch.pids]  # this stage's kernel, once started
+            with stall_watchdog(options.stall_timeout, watched=kernels) as stalled, memory_peak(kernels) as memory:
+                pm.execute_notebook(
+                    str(stage.notebook), str(executed),
+                    parameters={**params, "run_dir": str(options.run_dir), "out_dir": str(folder)},
+                    kernel_name=KERNEL_NAME, cwd=str(folder), log_output=False, **launch.engine_kwargs,
+                    progress_bar=options.progress and options.jobs == 1, execution_timeout=options.cell_timeout,
+                )
     except (PapermillExecutionError, CellTimeoutError, DeadKernelError) as e:
         error = e
     if stalled.is_set():
