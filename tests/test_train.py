@@ -202,3 +202,70 @@ def test_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tm
     assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
     for k, w in results[True][1].items():
         assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+
+
+@pytest.mark.parametrize("name", ["llama-0.5m", "phi-0.5m"])
+def test_output_head_on_labelled_positions_trains_exactly_as_the_whole_forward(tokenizer, tmp_path, name):
+    "scored_logits (the head at labelled positions only) gives the same losses and weights as every position's logits (fp32)."
+    examples = [prompt_completion_example(tokenizer, f"Tom has {a} apples.", f" He has {a + 3} now.") for a in range(2, 60)]
+    rows = pack(examples, seq_len=48, pad_id=tokenizer.pad_token_id, mode="greedy")
+    labelled = sum(l != IGNORE for r in rows for l in r["labels"][1:])
+    assert 0 < labelled < 0.6 * len(rows) * 47  # prompts and padding unlabelled: the head skips a real share
+    results = {}
+    for scored_only in (True, False):
+        config = TrainConfig(steps=3, micro_batch_size=4, lr=1e-2, progress=False, mixed_precision="no")
+        trainer = Trainer(tiny_model(tokenizer, name=name), CausalLM(scored_only=scored_only), PackedRows(rows, 4, seed=0), config,
+                          tmp_path / str(scored_only), tokenizer)
+        trainer.train()
+        results[scored_only] = ([m["loss"] for m in read_metrics(tmp_path / str(scored_only))], weights(trainer.model))
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
+    for k, w in results[True][1].items():
+        assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+
+
+def test_dpo_sequence_logps_sum_the_response_tokens(tokenizer):
+    "policy_logps on sequence pairs: per row, the sum of log p(token) over the response tokens, from the whole forward by hand."
+    from slm_bench.train.dpo import policy_logps
+
+    model = tiny_model(tokenizer).eval()
+    pairs, width = 3, 20
+    ids = torch.randint(3, len(tokenizer), (pairs, 2, width), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[..., :7] = IGNORE  # the prompt
+    labels[0, 1, 15:] = IGNORE  # a shorter rejected response (right padding)
+    chosen, rejected = policy_logps(model, {"input_ids": ids, "labels": labels})
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids.view(2 * pairs, width)).logits.float(), -1)
+    expected = torch.zeros(2 * pairs)
+    for row in range(2 * pairs):
+        for t in range(1, width):
+            if labels.view(2 * pairs, width)[row, t] != IGNORE:
+                expected[row] += logprobs[row, t - 1, ids.view(2 * pairs, width)[row, t]]
+    assert torch.allclose(chosen.detach(), expected.view(pairs, 2)[:, 0], atol=1e-4)
+    assert torch.allclose(rejected.detach(), expected.view(pairs, 2)[:, 1], atol=1e-4)
+
+
+def test_verifier_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tmp_path):
+    "The token verifier on packed rows: attending example by example gives the mask path's losses and weights (fp32)."
+    from slm_bench.lm.attention import packed_segments
+    from slm_bench.train.verifier import TokenVerifierObjective, VerifierModel, verifier_example
+
+    examples = []
+    for a in range(2, 80):
+        prompt = tokenizer(f"Tom has {a} apples.")["input_ids"]
+        solution = tokenizer(f" He has {a + 3} now." * (1 + a % 5), add_special_tokens=False)["input_ids"]
+        examples.append(verifier_example(prompt, solution, label=a % 3 != 0))
+    rows = pack(examples, seq_len=256, pad_id=tokenizer.pad_token_id, mode="greedy")
+    first = PackedRows(rows, 2, seed=0).micro_batch(0)
+    assert packed_segments(first["position_ids"], first["labels"] != IGNORE, min_width=TokenVerifierObjective.MIN_WIDTH) is not None
+    results = {}
+    for within in (True, False):
+        config = TrainConfig(steps=3, micro_batch_size=2, lr=1e-2, progress=False, mixed_precision="no")
+        verifier = VerifierModel.from_generator(tiny_model(tokenizer, positions=256))
+        trainer = Trainer(verifier, TokenVerifierObjective(within_segments=within), PackedRows(rows, 2, seed=0), config, tmp_path / str(within), tokenizer)
+        trainer.train()
+        assert verifier.backbone.config._attn_implementation == "sdpa"  # switched back after every step
+        results[within] = ([m["loss"] for m in read_metrics(tmp_path / str(within))], weights(trainer.model))
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
+    for k, w in results[True][1].items():
+        assert torch.allclose(w, results[False][1][k], atol=1e-5), k

@@ -13,7 +13,7 @@ from .timing import interleaved, matmul_peak, ratio_spread
 from ..lm.models import create_model, flops_per_token, get_preset
 
 # %% auto #0
-__all__ = ['overhead_verdict', 'bench_train', 'packed_sft_rows', 'bench_packed_attention']
+__all__ = ['TINY_SFT_PROFILE', 'overhead_verdict', 'bench_train', 'packed_sft_rows', 'bench_packed_attention', 'bench_sft']
 
 # %% ../../nbs/bench/02_train.ipynb #d48b0251
 def overhead_verdict(spread: dict) -> str:
@@ -76,8 +76,10 @@ def bench_train(preset: str = "llama-2m", seq_len: int = 128, micro_batch: int =
             "peak_source": source}
 
 # %% ../../nbs/bench/02_train.ipynb #b9635a0f
-def packed_sft_rows(count: int, vocab_size: int, seq_len: int = 512, seed: int = 0) -> list[dict]:
-    "Greedily packed SFT rows of random tokens with the Orca 2 students' length profile (see above)."
+def packed_sft_rows(count: int, vocab_size: int, seq_len: int = 512, seed: int = 0, short: tuple[int, int] = (100, 300),
+                    long: tuple[int, int] = (350, 430), long_share: float = 0.1, answer_share: float = 0.6) -> list[dict]:
+    """Greedily packed SFT rows of random tokens: `count` examples of `short` tokens (`long` for a `long_share` of them), the
+    last `answer_share` of each labelled. The defaults are the Orca 2 students' length profile (see above)."""
     import random
 
     from slm_bench.lm.packing import IGNORE, pack
@@ -85,9 +87,10 @@ def packed_sft_rows(count: int, vocab_size: int, seq_len: int = 512, seed: int =
     rng = random.Random(seed)
     examples = []
     for _ in range(count):
-        n = rng.randint(350, 430) if rng.random() < 0.1 else rng.randint(100, 300)
+        n = rng.randint(*long) if rng.random() < long_share else rng.randint(*short)
         ids = [rng.randrange(3, vocab_size) for _ in range(n)]
-        examples.append({"input_ids": ids, "labels": [IGNORE] * (n - n * 3 // 5) + ids[n - n * 3 // 5:]})
+        prompt = n - round(n * answer_share)
+        examples.append({"input_ids": ids, "labels": [IGNORE] * prompt + ids[prompt:]})
     return pack(examples, seq_len=seq_len, pad_id=0, mode="greedy", seed=seed)
 
 # %% ../../nbs/bench/02_train.ipynb #df16a663
@@ -117,3 +120,46 @@ def bench_packed_attention(preset: str = "llama-2m", layers: int = 5, seq_len: i
             "workload": {"model": f"{preset} with {layers} layers", "params": sum(p.numel() for p in trainers[True].model.parameters()),
                          "seq_len": seq_len, "micro_batch": micro_batch, "steps_per_run": steps, "rows": len(rows),
                          "examples": "100-300 tokens, 1 in 10 350-430, last 60% labelled", "torch_threads": torch.get_num_threads()}}
+
+# %% ../../nbs/bench/02_train.ipynb #86b6cd5a
+TINY_SFT_PROFILE = dict(short=(76, 110), long=(110, 160), long_share=0.2, answer_share=0.52)  # the tiny world's SFT examples, measured (about 97 tokens, 52% answer)
+
+
+def bench_sft(preset: str = "llama-2m", layers: int = 5, hidden: int = 128, ffn: int = 340, vocab: int = 1024, seq_len: int = 256,
+              micro_batch: int = 24, steps: int = 3, runs: int = 7, seed: int = 0) -> dict:
+    """The SFT stage's training step, tokens/s: the engine as it trains now (`CausalLM()`: the output head at labelled positions
+    only, attention within examples where that pays) against the engine's previous path (every position's logits, transformers'
+    block-diagonal mask: `CausalLM(within_segments=False, scored_only=False)`), same model, rows and precision."""
+    import tempfile
+
+    from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer
+
+    spec = get_preset(preset, hidden_size=hidden, num_layers=layers, intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len)
+    rows = packed_sft_rows(micro_batch * steps * 3, spec.vocab_size, seq_len, seed, **TINY_SFT_PROFILE)
+    config = TrainConfig(steps=10**9, micro_batch_size=micro_batch, lr=1e-3, progress=False, seed=seed)
+    objectives = {"before": CausalLM(within_segments=False, scored_only=False), "now": CausalLM()}
+    trainers = {name: Trainer(create_model(spec, seed=seed), objective, PackedRows(rows, micro_batch, seed), config,
+                              tempfile.mkdtemp(prefix="slm-bench-sft-bench-")) for name, objective in objectives.items()}
+
+    def run(trainer):
+        return lambda: [trainer.train_step() for _ in range(steps)]
+
+    base_times, our_times = interleaved(runs, run(trainers["before"]), run(trainers["now"]))
+    spread = ratio_spread(base_times, our_times)
+    tokens = steps * micro_batch * seq_len
+    now_tps, before_tps = tokens / statistics.median(our_times), tokens / statistics.median(base_times)
+    peak, source = matmul_peak()
+    flops = flops_per_token(spec, context=seq_len)["train"]  # model FLOPs per row token, as the stages count them
+    labelled = sum(l != -100 for r in rows for l in r["labels"][1:]) / (len(rows) * (seq_len - 1))
+    return {"benchmark": "sft", "baseline": "the engine's previous path: every position's logits and transformers' block-diagonal mask "
+            "(CausalLM(within_segments=False, scored_only=False))", **spread,
+            "interval": f"min–max of {runs} interleaved repeats; covers the median ratio with probability {spread['interval_coverage']:.0%}",
+            "now_tokens_per_s": round(now_tps, 1), "before_tokens_per_s": round(before_tps, 1),
+            "now_gflops": round(flops * now_tps / 1e9, 2), "fraction_of_peak": round(flops * now_tps / 1e9 / peak, 4),
+            "before_fraction_of_peak": round(flops * before_tps / 1e9 / peak, 4), "peak_gflops": round(peak, 2), "peak_source": source,
+            "precision": trainers["now"].precision,
+            "workload": {"model": f"{preset} at the sft stage's shape ({layers} layers, hidden {hidden}, FFN {ffn}, vocab {vocab})",
+                         "params": sum(p.numel() for p in trainers["now"].model.parameters()), "seq_len": seq_len, "micro_batch": micro_batch,
+                         "steps_per_run": steps, "rows": len(rows), "labelled_share": round(labelled, 3),
+                         "examples": "76-110 tokens (1 in 5 110-160), last 52% labelled, packed greedily", "torch_threads": torch.get_num_threads()}}
+

@@ -5,6 +5,7 @@
 # %% ../../nbs/lm/02_packing.ipynb #f370209e
 from __future__ import annotations
 
+import bisect
 import random
 from typing import Iterable, Sequence
 
@@ -79,33 +80,67 @@ def _concat_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: 
     return rows
 
 # %% ../../nbs/lm/02_packing.ipynb #88374bde
-def _greedy_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: int | None, cross_attention: bool,
-                 seed: int, truncate: bool) -> list[dict]:
-    "Whole examples, shuffled with `seed`, grouped into rows of at most `seq_len` tokens and padded."
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    rows, group, used = [], [], 0
-    for n in order:
-        ids, labels = examples[n]["input_ids"], examples[n]["labels"]
+def _segments(examples: list[dict], seq_len: int, separator_id: int | None, truncate: bool) -> list[tuple[list[int], list[int]]]:
+    "Each example's (ids, labels), with the separator appended, cut to `seq_len` (or `BadInput` without `truncate`)."
+    out = []
+    for n, ex in enumerate(examples):
+        ids, labels = ex["input_ids"], ex["labels"]
         if separator_id is not None:
             ids, labels = ids + [separator_id], labels + [separator_id]
         if len(ids) > seq_len:
             if not truncate:
                 raise BadInput(f"example {n} has {len(ids)} tokens, longer than seq_len {seq_len}")
             ids, labels = ids[:seq_len], labels[:seq_len]
-        if used + len(ids) > seq_len:
+        out.append((ids, labels))
+    return out
+
+
+def _greedy_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: int | None, cross_attention: bool,
+                 seed: int, truncate: bool) -> list[dict]:
+    "Whole examples, shuffled with `seed`, grouped into rows of at most `seq_len` tokens and padded."
+    segments = _segments(examples, seq_len, separator_id, truncate)
+    order = list(range(len(segments)))
+    random.Random(seed).shuffle(order)
+    rows, group, used = [], [], 0
+    for n in order:
+        if used + len(segments[n][0]) > seq_len:
             rows.append(_row(group, seq_len, pad_id, cross_attention))
             group, used = [], 0
-        group.append((ids, labels))
-        used += len(ids)
+        group.append(segments[n])
+        used += len(segments[n][0])
     if group:
         rows.append(_row(group, seq_len, pad_id, cross_attention))
     return rows
 
+# %% ../../nbs/lm/02_packing.ipynb #79fed873
+def _best_fit_rows(examples: list[dict], seq_len: int, pad_id: int, separator_id: int | None, cross_attention: bool,
+                   seed: int, truncate: bool) -> list[dict]:
+    "Whole examples, longest first, each into the row with the least room it still fits (best-fit decreasing); rows in a seeded order."
+    segments = _segments(examples, seq_len, separator_id, truncate)
+    order = list(range(len(segments)))
+    random.Random(seed).shuffle(order)  # equal lengths in a seeded order
+    order.sort(key=lambda n: -len(segments[n][0]))
+    groups: list[list] = []
+    room: list[tuple[int, int]] = []  # (free tokens, row) of the rows not yet full, sorted
+    for n in order:
+        size = len(segments[n][0])
+        at = bisect.bisect_left(room, (size, -1))
+        if at == len(room):
+            free, row = seq_len, len(groups)
+            groups.append([])
+        else:
+            free, row = room.pop(at)
+        groups[row].append(segments[n])
+        if free - size > 0:
+            bisect.insort(room, (free - size, row))
+    random.Random(seed + 1).shuffle(groups)
+    return [_row(g, seq_len, pad_id, cross_attention) for g in groups]
+
+
 # %% ../../nbs/lm/02_packing.ipynb #149a3ba1
 def pack(examples: Iterable[dict], seq_len: int, pad_id: int, mode: str = "concat", separator_id: int | None = None,
          cross_attention: bool = False, seed: int = 0, truncate: bool = True) -> list[dict]:
-    "Pack examples into rows of `seq_len` (`concat` or `greedy`, see above); every row has input_ids, labels, position_ids."
+    "Pack examples into rows of `seq_len` (`concat`, `greedy` or `best_fit`, see above); every row has input_ids, labels, position_ids."
     examples = list(examples)
     for i, ex in enumerate(examples):
         if len(ex["input_ids"]) != len(ex["labels"]):
@@ -114,7 +149,9 @@ def pack(examples: Iterable[dict], seq_len: int, pad_id: int, mode: str = "conca
         return _concat_rows(examples, seq_len, pad_id, separator_id, cross_attention)
     if mode == "greedy":
         return _greedy_rows(examples, seq_len, pad_id, separator_id, cross_attention, seed, truncate)
-    raise BadInput(f"packing mode must be 'concat' or 'greedy', got {mode!r}")
+    if mode == "best_fit":
+        return _best_fit_rows(examples, seq_len, pad_id, separator_id, cross_attention, seed, truncate)
+    raise BadInput(f"packing mode must be 'concat', 'greedy' or 'best_fit', got {mode!r}")
 
 # %% ../../nbs/lm/02_packing.ipynb #30ad730b
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple:

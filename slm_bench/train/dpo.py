@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from ..core.errors import BadInput
 from ..lm.packing import IGNORE, left_pad
+from .engine import scored_logits
 
 # %% auto #0
 __all__ = ['dpo_loss', 'token_pair_tensors', 'sequence_pair_tensors', 'text_pair', 'policy_logps', 'reference_logps', 'dpo_rows',
@@ -70,10 +71,12 @@ def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     P, _, width = batch["input_ids"].shape  # [pairs, 2 (chosen, rejected), width]
     ids, labels = batch["input_ids"].reshape(2 * P, width), batch["labels"].reshape(2 * P, width)
     positions = torch.arange(width, device=ids.device).expand(2 * P, width)
-    logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[:, :-1].float()
     targets = labels[:, 1:]
-    token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
-    sums = (token_logps * (targets != IGNORE)).sum(-1).view(P, 2)
+    scored = F.pad(targets != IGNORE, (0, 1))  # positions whose next token is a response token
+    logits = scored_logits(model, scored, input_ids=ids, position_ids=positions).float()
+    token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets[scored[:, :-1]][:, None])[:, 0]
+    rows = torch.arange(2 * P, device=ids.device)[:, None].expand(2 * P, width)[scored]
+    sums = token_logps.new_zeros(2 * P).index_add(0, rows, token_logps).view(P, 2)
     return sums[:, 0], sums[:, 1]
 
 # %% ../../nbs/train/02_dpo.ipynb #1c3f737d

@@ -26,9 +26,9 @@ from ..lm.packing import IGNORE
 from ..core.store import atomic_write_json, read_json, read_jsonl
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'PRECISION_ENV', 'TrainConfig', 'warmup_for', 'make_optimizer', 'make_schedule', 'Objective', 'CausalLM',
-           'PackedRows', 'latest_checkpoint', 'cpu_flags', 'native_bf16', 'cpu_bf16_autocast', 'resolve_precision',
-           'Trainer', 'read_metrics']
+__all__ = ['PRECISIONS', 'HEAD_ONLY_MODEL_TYPES', 'PRECISION_ENV', 'TrainConfig', 'warmup_for', 'make_optimizer', 'make_schedule',
+           'Objective', 'CausalLM', 'scored_logits', 'PackedRows', 'latest_checkpoint', 'cpu_flags', 'native_bf16',
+           'cpu_bf16_autocast', 'resolve_precision', 'Trainer', 'read_metrics']
 
 # %% ../../nbs/train/00_engine.ipynb #ab094b92
 PRECISIONS = ("auto", "no", "bf16", "fp16")  # TrainConfig.mixed_precision: auto, or accelerate's own names
@@ -114,24 +114,44 @@ class CausalLM:
     `position_ids` keep packed examples from attending to each other (see `packing`). `use_cache=False`
     matters: with a cache object present transformers skips its packed-sequence detection. With `within_segments`
     (the default) a model on sdpa computes attention example by example instead where that pays (`lm.attention`:
-    the same result, less work; rows of 512 tokens or more); False keeps transformers' mask path, the reference."""
+    the same result, less work; rows of 512 tokens or more); False keeps transformers' mask path, the reference.
+    With `scored_only` (the default) the output head runs at labelled positions only (`scored_logits`); False
+    computes every position's logits, the reference."""
     name = "causal_lm"
     cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
 
-    def __init__(self, within_segments: bool = True):
-        self.within_segments = within_segments
+    def __init__(self, within_segments: bool = True, scored_only: bool = True):
+        self.within_segments, self.scored_only = within_segments, scored_only
 
     def units(self, batch: dict) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
         targets = batch["labels"][:, 1:]
-        segments = packed_segments(batch["position_ids"], F.pad(targets != IGNORE, (0, 1))) if self.within_segments else None
+        scored = F.pad(targets != IGNORE, (0, 1))  # positions whose next token is labelled
+        segments = packed_segments(batch["position_ids"], scored) if self.within_segments else None
         extra = {} if segments is None else {"packed_segments": segments}
         with attention_within_segments(model) if segments is not None else contextlib.nullcontext():
-            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **extra).logits[:, :-1]
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
-        return total, {}
+            logits = scored_logits(model, scored, whole=not self.scored_only, input_ids=batch["input_ids"],
+                                   position_ids=batch["position_ids"], **extra)
+        return F.cross_entropy(logits.float(), targets[scored[:, :-1]], reduction="sum"), {}
+
+# %% ../../nbs/train/00_engine.ipynb #045be3cd
+HEAD_ONLY_MODEL_TYPES = ("llama", "phi3", "mistral", "qwen2", "qwen3")  # ours: model types whose logits are lm_head(decoder output), nothing after
+
+
+def scored_logits(model, scored: torch.Tensor, whole: bool = False, **inputs) -> torch.Tensor:
+    """The logits at the `scored` positions only, [scored positions, vocab]: the decoder's last hidden states there, through the
+    output head. On a tiny model the head and its log-softmax are the largest per-token cost, and prompts and padding need
+    neither. Models of other types, and models trained by several processes (whose DDP or FSDP wrapper must run its own
+    forward to sync or gather weights), go through the whole forward and keep the scored rows of its logits, as `whole` does."""
+    inner = getattr(model, "config", None)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if whole or distributed or getattr(inner, "model_type", None) not in HEAD_ONLY_MODEL_TYPES:
+        return model(**inputs, use_cache=False).logits[scored]
+    hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+    return model.get_output_embeddings()(hidden[scored])
+
 
 # %% ../../nbs/train/00_engine.ipynb #0df78283
 class PackedRows:
