@@ -46,6 +46,7 @@ def _generate_flops(spec, prompts: int, prompt_len: int, samples: int, new_token
 SAMPLER_SHAPES = {  # name: (prompts, prompt_len, samples per prompt, new_tokens)
     "PTS": (16, 128, 16, 64),
     "plain": (16, 32, 1, 128),
+    "eval": (128, 64, 1, 96),  # the stages' evaluations: many prompts, one sample each, a prompt cache per row
 }
 
 
@@ -99,7 +100,7 @@ def _explain(pts: dict, plain: dict) -> str:
 
 # %% ../../nbs/bench/01_sampler.ipynb #cb6dc211
 def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: int = 5, seed: int = 0) -> dict:
-    "New tokens/s of `HFSampler` (lean) against `model.generate`, on the PTS shape and a plain one (see `SAMPLER_SHAPES`)."
+    "New tokens/s of `HFSampler` (lean) against `model.generate`, on the PTS shape, a plain one and the stages' evaluation shape (see `SAMPLER_SHAPES`)."
     shapes = shapes or SAMPLER_SHAPES
     longest = max(prompt_len + new_tokens for _, prompt_len, _, new_tokens in shapes.values())
     spec = get_preset(preset, max_position_embeddings=longest)

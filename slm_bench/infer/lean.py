@@ -122,7 +122,7 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
     """Run left-padded prompts `ids` [B, L] (`mask` 1 on real tokens) once.
 
     Returns the logits (at the last position, or every position if `all_logits`) and the per-layer
-    prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` with RoPE applied to K."""
+    prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` (contiguous) with RoPE applied to K."""
     self._sync_weights()
     B, L = ids.shape
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -139,7 +139,7 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
         q = self._apply_rope(q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = self._apply_rope(k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
         v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        cache.append((k, v))
+        cache.append((k.contiguous(), v.contiguous()))  # once here, not in every step: a transposed cache makes each step's matmul copy it
         if self.group > 1:
             k = k[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
             v = v[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)

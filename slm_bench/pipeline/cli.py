@@ -373,7 +373,7 @@ def cmd_status(args) -> int:
 # %% ../../nbs/pipeline/07_cli.ipynb #f1ffae30
 BENCHMARKS = {
     "matmul": ("slm_bench.pipeline.hardware:bench_matmul", "torch fp32 matmul GFLOP/s against NumPy's, per size"),
-    "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s, on the PTS shape and a plain one"),
+    "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s, on the PTS shape, a plain one and the stages' evaluation shape"),
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
     "packed": ("slm_bench.bench.train:bench_packed_attention", "SFT on packed rows: attention within each example (lm.attention) against transformers' block-diagonal mask, tokens/s"),
     "sft": ("slm_bench.bench.train:bench_sft", "the sft stage's training step: the engine now (output head at labelled positions only) against its previous path (every position's logits, block-diagonal mask), tokens/s and fraction of peak"),
