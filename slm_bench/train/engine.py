@@ -115,12 +115,14 @@ class CausalLM:
     matters: with a cache object present transformers skips its packed-sequence detection. With `within_segments`
     (the default) a model on sdpa computes attention example by example instead where that pays (`lm.attention`:
     the same result, less work; rows of 512 tokens or more); False keeps transformers' mask path, the reference.
-    With `scored_only` (the default) the output head runs at labelled positions only (`scored_logits`); False
-    computes every position's logits, the reference."""
+    With `scored_only` the output head runs at labelled positions only (`scored_logits`: the same loss, less work; 1.035x
+    on the sft stage's step, `bench sft`). It is off by default: the one bf16 `make run` with it (2026-12-04) ended with
+    an SFT model 10 points lower on greedy pass@1 (49.25% against 59.25%), and whether that is bf16 rounding noise
+    or the change itself is not measured yet."""
     name = "causal_lm"
     cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
 
-    def __init__(self, within_segments: bool = True, scored_only: bool = True):
+    def __init__(self, within_segments: bool = True, scored_only: bool = False):
         self.within_segments, self.scored_only = within_segments, scored_only
 
     def units(self, batch: dict) -> int:
@@ -142,8 +144,8 @@ HEAD_ONLY_MODEL_TYPES = ("llama", "phi3", "mistral", "qwen2", "qwen3")  # ours: 
 
 def scored_logits(model, scored: torch.Tensor, whole: bool = False, **inputs) -> torch.Tensor:
     """The logits at the `scored` positions only, [scored positions, vocab]: the decoder's last hidden states there, through the
-    output head. On a tiny model the head and its log-softmax are the largest per-token cost, and prompts and padding need
-    neither. Models of other types, and models trained by several processes (whose DDP or FSDP wrapper must run its own
+    output head. Prompts and padding need neither the head nor its log-softmax (on the sft stage's rows 58% of the positions;
+    `bench sft` measures what that saves). Models of other types, and models trained by several processes (whose DDP or FSDP wrapper must run its own
     forward to sync or gather weights), go through the whole forward and keep the scored rows of its logits, as `whole` does."""
     inner = getattr(model, "config", None)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
