@@ -40,6 +40,17 @@ def run(tokenizer, out, steps, seed=0, resume=True, **cfg):
     return trainer
 
 
+def assert_trains_alike(train, tmp_path):
+    "`train(flag, out)` → a trained Trainer; the runs with flag True and False log the same losses and end with the same weights (fp32)."
+    results = {}
+    for flag in (True, False):
+        trainer = train(flag, tmp_path / str(flag))
+        results[flag] = ([m["loss"] for m in read_metrics(tmp_path / str(flag))], weights(trainer.model))
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
+    for k, w in results[True][1].items():
+        assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_schedules_follow_their_formulas(schedule):
     config = TrainConfig(steps=20, warmup_steps=4, lr=2.0, schedule=schedule, min_lr_ratio=0.1)
@@ -192,16 +203,14 @@ def test_attention_within_segments_trains_exactly_as_the_mask_path(tokenizer, tm
     first = PackedRows(rows, 2, seed=0).micro_batch(0)
     scored = torch.nn.functional.pad(first["labels"][:, 1:] != IGNORE, (0, 1))  # what CausalLM passes
     assert packed_segments(first["position_ids"], scored) is not None  # many examples to a row: the segment path runs
-    results = {}
-    for within in (True, False):
+    def train(within, out):
         config = TrainConfig(steps=3, micro_batch_size=2, lr=1e-2, progress=False, mixed_precision="no")
-        trainer = Trainer(tiny_model(tokenizer, name=name, positions=MIN_WIDTH), CausalLM(within_segments=within), PackedRows(rows, 2, seed=0), config, tmp_path / str(within), tokenizer)
+        trainer = Trainer(tiny_model(tokenizer, name=name, positions=MIN_WIDTH), CausalLM(within_segments=within), PackedRows(rows, 2, seed=0), config, out, tokenizer)
         trainer.train()
         assert trainer.model.config._attn_implementation == "sdpa"  # switched back after every step
-        results[within] = ([m["loss"] for m in read_metrics(tmp_path / str(within))], weights(trainer.model))
-    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
-    for k, w in results[True][1].items():
-        assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+        return trainer
+
+    assert_trains_alike(train, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["llama-0.5m", "phi-0.5m"])
@@ -211,16 +220,13 @@ def test_output_head_on_labelled_positions_trains_exactly_as_the_whole_forward(t
     rows = pack(examples, seq_len=48, pad_id=tokenizer.pad_token_id, mode="greedy")
     labelled = sum(l != IGNORE for r in rows for l in r["labels"][1:])
     assert 0 < labelled < 0.6 * len(rows) * 47  # prompts and padding unlabelled: the head skips a real share
-    results = {}
-    for scored_only in (True, False):
+    def train(scored_only, out):
         config = TrainConfig(steps=3, micro_batch_size=4, lr=1e-2, progress=False, mixed_precision="no")
-        trainer = Trainer(tiny_model(tokenizer, name=name), CausalLM(scored_only=scored_only), PackedRows(rows, 4, seed=0), config,
-                          tmp_path / str(scored_only), tokenizer)
+        trainer = Trainer(tiny_model(tokenizer, name=name), CausalLM(scored_only=scored_only), PackedRows(rows, 4, seed=0), config, out, tokenizer)
         trainer.train()
-        results[scored_only] = ([m["loss"] for m in read_metrics(tmp_path / str(scored_only))], weights(trainer.model))
-    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
-    for k, w in results[True][1].items():
-        assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+        return trainer
+
+    assert_trains_alike(train, tmp_path)
 
 
 def test_dpo_sequence_logps_sum_the_response_tokens(tokenizer):
@@ -261,14 +267,12 @@ def test_verifier_attention_within_segments_trains_exactly_as_the_mask_path(toke
     rows = pack(examples, seq_len=256, pad_id=tokenizer.pad_token_id, mode="greedy")
     first = PackedRows(rows, 2, seed=0).micro_batch(0)
     assert packed_segments(first["position_ids"], first["labels"] != IGNORE, min_width=TokenVerifierObjective.MIN_WIDTH) is not None
-    results = {}
-    for within in (True, False):
+    def train(within, out):
         config = TrainConfig(steps=3, micro_batch_size=2, lr=1e-2, progress=False, mixed_precision="no")
         verifier = VerifierModel.from_generator(tiny_model(tokenizer, positions=256))
-        trainer = Trainer(verifier, TokenVerifierObjective(within_segments=within), PackedRows(rows, 2, seed=0), config, tmp_path / str(within), tokenizer)
+        trainer = Trainer(verifier, TokenVerifierObjective(within_segments=within), PackedRows(rows, 2, seed=0), config, out, tokenizer)
         trainer.train()
         assert verifier.backbone.config._attn_implementation == "sdpa"  # switched back after every step
-        results[within] = ([m["loss"] for m in read_metrics(tmp_path / str(within))], weights(trainer.model))
-    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
-    for k, w in results[True][1].items():
-        assert torch.allclose(w, results[False][1][k], atol=1e-5), k
+        return trainer
+
+    assert_trains_alike(train, tmp_path)
