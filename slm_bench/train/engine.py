@@ -117,8 +117,8 @@ class CausalLM:
     the same result, less work; rows of 512 tokens or more); False keeps transformers' mask path, the reference.
     With `scored_only` the output head runs at labelled positions only (`scored_logits`: the same loss, less work; 1.035x
     on the sft stage's step, `bench sft`). It is off by default: the one bf16 `make run` with it (2026-12-04) ended with
-    an SFT model 10 points lower on greedy pass@1 (49.25% against 59.25%), and whether that is bf16 rounding noise
-    or the change itself is not measured yet."""
+    an SFT model 10 points lower on greedy pass@1 (49.25% against 59.25%), where a rounding-only change of the default
+    path (the same update as 2 x 12 rows) moved it 3.5 points (55.75%); a few seeds of each would settle it."""
     name = "causal_lm"
     cpu_bf16 = True  # token cross-entropy averages bf16's rounding of the logits over many tokens
 
