@@ -136,29 +136,29 @@ def bench_sft(preset: str = "llama-2m", layers: int = 5, hidden: int = 128, ffn:
     spec = get_preset(preset, hidden_size=hidden, num_layers=layers, intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len)
     rows = packed_sft_rows(micro_batch * steps * 3, spec.vocab_size, seq_len, seed, **TINY_SFT_PROFILE)
     config = TrainConfig(steps=10**9, micro_batch_size=micro_batch, lr=1e-3, progress=False, seed=seed)
-    objectives = {"before": CausalLM(), "now": CausalLM(scored_only=True)}
+    objectives = {"whole": CausalLM(), "scored": CausalLM(scored_only=True)}
     trainers = {name: Trainer(create_model(spec, seed=seed), objective, PackedRows(rows, micro_batch, seed), config,
                               tempfile.mkdtemp(prefix="slm-bench-sft-bench-")) for name, objective in objectives.items()}
 
     def run(trainer):
         return lambda: [trainer.train_step() for _ in range(steps)]
 
-    base_times, our_times = interleaved(runs, run(trainers["before"]), run(trainers["now"]))
+    base_times, our_times = interleaved(runs, run(trainers["whole"]), run(trainers["scored"]))
     spread = ratio_spread(base_times, our_times)
     tokens = steps * micro_batch * seq_len
-    now_tps, before_tps = tokens / statistics.median(our_times), tokens / statistics.median(base_times)
+    scored_tps, whole_tps = tokens / statistics.median(our_times), tokens / statistics.median(base_times)
     peak, source = matmul_peak()
     flops = flops_per_token(spec, context=seq_len)["train"]  # model FLOPs per row token, as the stages count them
     labelled = sum(l != -100 for r in rows for l in r["labels"][1:]) / (len(rows) * (seq_len - 1))
     return {"benchmark": "sft", "baseline": "every position's logits, as the stages train (CausalLM()); ours: the output head at "
             "labelled positions only (CausalLM(scored_only=True))", **spread,
             "interval": f"min–max of {runs} interleaved repeats; covers the median ratio with probability {spread['interval_coverage']:.0%}",
-            "now_tokens_per_s": round(now_tps, 1), "before_tokens_per_s": round(before_tps, 1),
-            "now_gflops": round(flops * now_tps / 1e9, 2), "fraction_of_peak": round(flops * now_tps / 1e9 / peak, 4),
-            "before_fraction_of_peak": round(flops * before_tps / 1e9 / peak, 4), "peak_gflops": round(peak, 2), "peak_source": source,
-            "precision": trainers["now"].precision,
+            "scored_tokens_per_s": round(scored_tps, 1), "whole_tokens_per_s": round(whole_tps, 1),
+            "scored_gflops": round(flops * scored_tps / 1e9, 2), "fraction_of_peak": round(flops * scored_tps / 1e9 / peak, 4),
+            "whole_fraction_of_peak": round(flops * whole_tps / 1e9 / peak, 4), "peak_gflops": round(peak, 2), "peak_source": source,
+            "precision": trainers["scored"].precision,
             "workload": {"model": f"{preset} at the sft stage's shape ({layers} layers, hidden {hidden}, FFN {ffn}, vocab {vocab})",
-                         "params": sum(p.numel() for p in trainers["now"].model.parameters()), "seq_len": seq_len, "micro_batch": micro_batch,
+                         "params": sum(p.numel() for p in trainers["scored"].model.parameters()), "seq_len": seq_len, "micro_batch": micro_batch,
                          "steps_per_run": steps, "rows": len(rows), "labelled_share": round(labelled, 3),
                          "examples": "76-110 tokens (1 in 5 110-160), last 52% labelled, packed greedily", "torch_threads": torch.get_num_threads()}}
 
