@@ -147,9 +147,9 @@ def scored_logits(model, scored: torch.Tensor, whole: bool = False, **inputs) ->
     output head. Prompts and padding need neither the head nor its log-softmax (on the sft stage's rows 58% of the positions;
     `bench sft` measures what that saves). Models of other types, and models trained by several processes (whose DDP or FSDP wrapper must run its own
     forward to sync or gather weights), go through the whole forward and keep the scored rows of its logits, as `whole` does."""
-    inner = getattr(model, "config", None)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)  # a DDP wrapper has no config: the whole forward
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if whole or distributed or getattr(inner, "model_type", None) not in HEAD_ONLY_MODEL_TYPES:
+    if whole or distributed or model_type not in HEAD_ONLY_MODEL_TYPES:
         return model(**inputs, use_cache=False).logits[scored]
     hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
     return model.get_output_embeddings()(hidden[scored])
