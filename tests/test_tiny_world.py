@@ -211,17 +211,26 @@ def test_pts_and_dpo_stages(smoke_run):
 
 
 def test_bench_pts_runs_on_a_run_folder(smoke_run):
-    "The benchmark on the smoke run's model: every method searches the same solutions, each is scored against the reference (cached)."
+    """The benchmark on the smoke run's model: every method searches the same solutions, each is scored against the reference
+    (cached), and the baseline's N sweep stops at the first N matching each of ours on precision and recall."""
     from slm_bench.bench.pts import bench_pts
 
     run_dir, _, _ = smoke_run
-    result = bench_pts(str(run_dir), questions=6, baseline_rollouts=8, repeats=1, first_question=0)
-    assert list(result["methods"]) == ["ours", "ours_discovery_8", "codelion_style_batch_5", "codelion_style_batch_8"]
+    result = bench_pts(str(run_dir), questions=6, discovery_rollouts=8, baseline_ns=(8, 16), repeats=1, sequential=True, first_question=0)
+    methods, ours = result["methods"], ["ours", "ours_discovery_8"]
     assert result["same_solutions_searched"]
-    assert [len(m["seconds"]) for m in result["methods"].values()] == [1, 1, 1, 1]
-    assert result["reference"]["solutions"] == result["methods"]["ours"]["solutions_searched"]
+    assert all(len(m["seconds"]) == 1 for m in methods.values())
+    assert result["reference"]["solutions"] == methods["ours"]["solutions_searched"]
     assert (run_dir / "cache" / "pts_reference_memo.jsonl").is_file()
-    again = bench_pts(str(run_dir), questions=6, baseline_rollouts=8, repeats=1, first_question=0)
+    at_least = lambda name, target: all((methods[name][k]["value"] or 0) >= (methods[target][k]["value"] or 0) for k in ("precision", "recall"))
+    first_match = {t: next((n for n in ("codelion_style_N8", "codelion_style_N16") if at_least(n, t)), None) for t in ours}
+    assert {t: (q["baseline"], q["reached"]) for t, q in result["equal_quality"].items()} == {
+        t: (m or "codelion_style_N16", m is not None) for t, m in first_match.items()}
+    swept = ["codelion_style_N8"] + (["codelion_style_N16"] if first_match["ours"] != "codelion_style_N8"
+                                     or first_match["ours_discovery_8"] != "codelion_style_N8" else [])
+    assert list(methods) == ours + swept
+    assert result["ratio"] == result["equal_quality"]["ours_discovery_8"]["ratio"]
+    again = bench_pts(str(run_dir), questions=6, discovery_rollouts=8, baseline_ns=(8, 16), repeats=1, sequential=True, first_question=0)
     assert again["reference"]["rollouts_sampled_now"] == 0  # the reference came from the memo
 
 

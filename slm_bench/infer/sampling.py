@@ -162,8 +162,8 @@ class PromptNoise:
         else:
             per = scores.shape[0] // len(self.generators)
             noise = torch.cat([torch.rand((per, scores.shape[-1]), generator=g) for g in self.generators])
-        noise = noise.to(scores.device)
-        return (scores - torch.log(-torch.log(noise.clamp_min(1e-20)))).argmax(dim=-1)
+        noise = noise.to(scores.device).clamp_min_(1e-20).log_().neg_().log_()  # in place: one [rows, vocab] buffer, not four
+        return torch.sub(scores, noise, out=noise).argmax(dim=-1)
 
 # %% ../../nbs/infer/01_sampling.ipynb #2c194f1a
 _M32 = 0xFFFFFFFF
@@ -249,7 +249,7 @@ def sample_from_logits(logits: torch.Tensor, params: SamplingParams, noise=None)
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
     else:
-        scores = logits / params.temperature
+        scores = logits / params.temperature if params.temperature != 1.0 else logits  # dividing by 1 changes no bit: skip the copy
         if params.top_k and params.top_k < scores.shape[-1]:
             kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))

