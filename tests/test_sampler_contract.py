@@ -209,7 +209,7 @@ def test_rows_going_on_alone_draw_the_same_samples(tiny_checkpoint, reference, m
     sampler = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean")
     calls = []
     original = HFSampler._single_rows
-    monkeypatch.setattr(HFSampler, "_single_rows", lambda self, *a: calls.append(len(a[0])) or original(self, *a))
+    monkeypatch.setattr(HFSampler, "_single_rows", lambda self, *a, **kw: calls.append(len(a[0])) or original(self, *a, **kw))
     alone = [[c.token_ids for c in g] for g in sampler.generate(p, params)]
     sampler.single_rows_at = 0.0
     together = [[c.token_ids for c in g] for g in sampler.generate(p, params)]

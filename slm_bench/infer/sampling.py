@@ -428,13 +428,13 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
         keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
         if len(keep) <= 0.75 * (len(rows) // n):
             prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
-                keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active)
+                keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active, written=t)
             noise.keep(keep, n)
         # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
         if n > 1 and isinstance(noise, SampleNoise) and sum(active) <= self.single_rows_at * len(rows):
             alive = [r for r, a in enumerate(active) if a]
             prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
-                alive, n, prompt_cache, gen_cache, mask, token, positions, rows)
+                alive, n, prompt_cache, gen_cache, mask, token, positions, rows, written=t)
             noise.keep_rows(alive)
             n = 1
         logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
@@ -444,24 +444,33 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
 HFSampler._generate_lean = _generate_lean
 
 # %% ../../nbs/infer/01_sampling.ipynb #e765235f
-def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, active):
-    "The batch's state with only the prompts at positions `keep` (and their n rows each) left in it."
+@torch.inference_mode()  # the prompt cache is made under inference mode, and only there may it change in place
+def _compact(buffer: torch.Tensor, rows: torch.Tensor, written: int | None = None) -> torch.Tensor:
+    """Move `rows` (increasing) of `buffer` to its front, in place, and return the front as a view: no new buffer to allocate
+    and fault in. With `written`, only the first `written` positions along dim 2 are moved (the rest of a generated cache is unwritten)."""
+    part = buffer if written is None else buffer[:, :, :written]
+    part[:len(rows)] = part.index_select(0, rows)
+    return buffer[:len(rows)]
+
+
+def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, active, written: int):
+    "The batch's state with only the prompts at positions `keep` (and their n rows each) left in it; `written`: generated positions so far."
     kept = torch.tensor(keep, device=self.device)
     kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
-    prompt_cache = [(k.index_select(0, kept), v.index_select(0, kept)) for k, v in prompt_cache]
-    gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
+    prompt_cache = [(_compact(k, kept), _compact(v, kept)) for k, v in prompt_cache]
+    gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     rows = [rows[i] for i in kept_rows.tolist()]
     active = [active[i] for i in kept_rows.tolist()]
     return prompt_cache, gen_cache, mask, token, positions, rows, active
 
 
-def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows):
+def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, written: int):
     "The batch's state with only the rows `alive`, each with its own copy of its prompt's cache (so n becomes 1 and rows leave one by one)."
     kept_rows = torch.tensor(alive, device=self.device)
     prompt_of = kept_rows // n
     prompt_cache = [(k.index_select(0, prompt_of), v.index_select(0, prompt_of)) for k, v in prompt_cache]
-    gen_cache = [(k.index_select(0, kept_rows), v.index_select(0, kept_rows)) for k, v in gen_cache]
+    gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, prompt_of), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     return prompt_cache, gen_cache, mask, token, positions, [rows[r] for r in alive], [True] * len(alive)
 
