@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help setup js-assets sandbox-deps run ablation-validate test check-sync nbdev-test pytest lab bench export report clean-runs
+.PHONY: help setup js-assets sandbox-deps run profile ablation-validate test check-sync nbdev-test pytest lab bench export report clean-runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -33,6 +33,7 @@ help:
 	@echo "make test     notebook/library sync check, nbdev_test, then pytest"
 	@echo "make lab      JupyterLab with the slm-bench kernel"
 	@echo "make bench    benchmarks (slm-bench bench)"
+	@echo "make profile  make run under py-spy into \$$(RUN)-profile, then where its time went (slm-bench stacks)"
 	@echo "make export   nbdev_export + nbdev_clean (after editing notebooks)"
 	@echo "make report RUN=runs/tiny   re-render a run's HTML report"
 
@@ -88,6 +89,15 @@ ablation-validate: $(STAMP) sandbox-deps
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Where a whole run's time goes: every stage kernel sampled from outside by py-spy (the `profile` extra), 10 stacks a second,
+# into a fresh $(RUN)-profile (a cached run would time nothing), then summed into parts (bench.stacks).
+profile: $(STAMP) sandbox-deps
+	$(BIN)/python -m pip install --quiet -e ".[profile]"
+	mkdir -p $(RUN)-profile
+	$(BIN)/py-spy record --subprocesses --nonblocking --rate 10 --format raw -o $(RUN)-profile/stacks.txt -- \
+	  $(BIN)/slm-bench run --profile $(PROFILE) --run-dir $(RUN)-profile --jobs $(JOBS) $(if $(RECIPE),--recipe $(RECIPE))
+	$(BIN)/slm-bench stacks $(RUN)-profile/stacks.txt
 
 bench: $(STAMP) sandbox-deps
 	$(BIN)/slm-bench bench

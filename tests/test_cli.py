@@ -173,3 +173,20 @@ def test_compare_two_runs_one_set_apart(cli, tmp_path):
     page = tmp_path / "reports" / "compare" / "factor2__factor3.html"
     assert lines[-1] == f"compare: {page}"
     assert page.read_text().count("<table class='slm-bench'>") == 2
+
+
+def test_stacks_sums_a_profiled_runs_time_into_parts(cli, tmp_path):
+    "slm-bench stacks on py-spy's raw format: kernel samples per part at --rate, the sandbox workers apart; a missing file exits 2 and says what writes it."
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text(
+        'process 7:"python -m ipykernel_launcher";_train_step (slm_bench/train/engine.py:330);backward (torch/autograd/__init__.py:270);'
+        '_engine_run_backward (torch/autograd/graph.py:800) 6\n'
+        'process 7:"python -m ipykernel_launcher";_generate_lean (slm_bench/infer/sampling.py:300);_step (slm_bench/infer/lean.py:180) 2\n'
+        'process 9:"/usr/bin/bwrap --unshare-pid";worker_main (slm_bench/evals/sandbox_worker.py:300) 40\n')
+    result = cli("stacks", stacks, "--rate", "2")
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines()[1:3] == ["      3.0   75.0%  train: backward", "      1.0   25.0%  sample: lean decode step"]
+    parsed = json.loads(cli("stacks", stacks, "--rate", "2", "--json").stdout)
+    assert (parsed["seconds"], parsed["sandbox_worker_seconds"]) == (4.0, 20.0)
+    missing = cli("stacks", tmp_path / "none.txt")
+    assert missing.returncode == 2 and "make profile writes <run>/stacks.txt" in missing.stderr

@@ -276,3 +276,29 @@ def test_verifier_attention_within_segments_trains_exactly_as_the_mask_path(toke
         return trainer
 
     assert_trains_alike(train, tmp_path)
+
+
+def test_compiled_model_trains_as_the_eager_one_and_saves_a_plain_checkpoint(tokenizer, tmp_path):
+    "TrainConfig(compile=True): inductor's fused kernels give the eager run's losses and weights (fp32, to rounding), the compiled graph really ran, and final/ is a plain HF checkpoint."
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    def train(compiled, out):
+        config = TrainConfig(steps=3, micro_batch_size=4, lr=1e-2, progress=False, mixed_precision="no", compile=compiled)
+        trainer = Trainer(tiny_model(tokenizer), CausalLM(), PackedRows(rows_for(tokenizer), 4, seed=0), config, out, tokenizer)
+        trainer.train()
+        return trainer
+
+    results = {}
+    for compiled in (True, False):
+        trainer = train(compiled, tmp_path / str(compiled))
+        results[compiled] = ([m["loss"] for m in read_metrics(tmp_path / str(compiled))], weights(trainer.model))
+        if compiled:
+            assert counters["stats"]["unique_graphs"] >= 1  # dynamo captured the forward: the steps ran compiled
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-4)
+    for k, w in results[True][1].items():
+        assert torch.allclose(w, results[False][1][k], atol=1e-4), k
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "True" / "final")
+    assert set(final.state_dict()) == set(results[True][1])  # no compile wrapper in the saved names
+    assert all(torch.equal(final.state_dict()[k], v) for k, v in results[True][1].items())

@@ -225,8 +225,8 @@ def _pts_summary(results: dict, seconds: dict, matched: dict, reference_estimato
 
 # %% ../../nbs/bench/04_pts.ipynb #d39830df
 def bench_pts(run_dir: str | None = None, questions: int = 65, discovery_rollouts: int = 16, baseline_ns: tuple[int, ...] = (16, 32, 64, 128, 256),
-              repeats: int = 2, sequential: bool = False, first_question: int = 400, seed: int = 0) -> dict:
-    """Our PTS (the `pts` stage's default, discovery on `discovery_rollouts` then the sequential test; with `sequential`, also the
+              repeats: int = 2, sequential: bool = False, first_question: int = 400, seed: int = 0, leaf_rollouts: int = 512) -> dict:
+    """Our PTS (the `pts` stage's default, discovery on `discovery_rollouts` then the sequential test up to `leaf_rollouts`, as the stage; with `sequential`, also the
     test at every step) against the codelion-style search at equal quality: seconds, rollouts, pivots, precision and recall of each
     method on the same questions, the N the baseline needs to match each of ours, and the ratio of seconds, interleaved."""
     import torch
@@ -242,7 +242,8 @@ def bench_pts(run_dir: str | None = None, questions: int = 65, discovery_rollout
         raise BadInput(f"baseline_ns must be rollout counts >= 1 in increasing order, got {baseline_ns}")
     run = _tiny_run(run_dir)
     model, tokenizer, texts, qs = _load_questions(run, questions, first_question)
-    config, qc, task = PTSConfig(stop=tuple(STOP_STRINGS), seed=seed, alternatives=0, solutions_per_question=1), QualityConfig(), TinyGSMPython()
+    config = PTSConfig(stop=tuple(STOP_STRINGS), seed=seed, alternatives=0, solutions_per_question=1, leaf_rollouts=leaf_rollouts)
+    qc, task = QualityConfig(), TinyGSMPython()
     fingerprint = {"model": sha256_file(run / "sft" / "model" / "model.safetensors"), "oracle": "tinygsm-python",
                    **qc.pts_config(config).estimate_fingerprint()}
     with Sandbox() as box:

@@ -6,14 +6,17 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
 
+from ..core.errors import BadInput
 from .timing import interleaved, matmul_peak, ratio_spread
 from ..lm.models import create_model, flops_per_token, get_preset
 
 # %% auto #0
-__all__ = ['TINY_SFT_PROFILE', 'overhead_verdict', 'bench_train', 'packed_sft_rows', 'bench_packed_attention', 'bench_sft']
+__all__ = ['TINY_SFT_PROFILE', 'SFT_VARIANTS', 'overhead_verdict', 'bench_train', 'packed_sft_rows', 'bench_packed_attention',
+           'bench_sft', 'bench_sft_compiled']
 
 # %% ../../nbs/bench/02_train.ipynb #d48b0251
 def overhead_verdict(spread: dict) -> str:
@@ -123,42 +126,53 @@ def bench_packed_attention(preset: str = "llama-2m", layers: int = 5, seq_len: i
 
 # %% ../../nbs/bench/02_train.ipynb #86b6cd5a
 TINY_SFT_PROFILE = dict(short=(76, 110), long=(110, 160), long_share=0.2, answer_share=0.52)  # the tiny world's SFT examples, measured (about 97 tokens, 52% answer)
+SFT_VARIANTS = {  # what `bench_sft` can set against the stages' default step (CausalLM(), eager): the objective and TrainConfig fields
+    "scored": ("the output head at labelled positions only (CausalLM(scored_only=True))", dict(scored_only=True), {}),
+    "compiled": ("the model compiled in place (TrainConfig(compile=True)), its first step's compile outside the timing", {}, dict(compile=True)),
+}
 
 
 def bench_sft(preset: str = "llama-2m", layers: int = 5, hidden: int = 128, ffn: int = 340, vocab: int = 1024, seq_len: int = 256,
-              micro_batch: int = 24, steps: int = 3, runs: int = 7, seed: int = 0) -> dict:
-    """The SFT stage's training step, tokens/s: the output head at labelled positions only (`CausalLM(scored_only=True)`)
-    against every position's logits (`CausalLM()`, what the stages run), same model, rows and precision."""
+              micro_batch: int = 24, steps: int = 3, runs: int = 7, seed: int = 0, ours: str = "scored") -> dict:
+    """The SFT stage's training step, tokens/s: one of `SFT_VARIANTS` (`ours`) against every position's logits in eager mode
+    (`CausalLM()`, what the stages run), same model, rows and precision."""
     import tempfile
 
     from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer
 
+    if ours not in SFT_VARIANTS:
+        raise BadInput(f"bench_sft: ours must be one of {', '.join(SFT_VARIANTS)}, got {ours!r}")
+    described, objective_options, config_options = SFT_VARIANTS[ours]
     spec = get_preset(preset, hidden_size=hidden, num_layers=layers, intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len)
     rows = packed_sft_rows(micro_batch * steps * 3, spec.vocab_size, seq_len, seed, **TINY_SFT_PROFILE)
     config = TrainConfig(steps=10**9, micro_batch_size=micro_batch, lr=1e-3, progress=False, seed=seed)
-    objectives = {"whole": CausalLM(), "scored": CausalLM(scored_only=True)}
-    trainers = {name: Trainer(create_model(spec, seed=seed), objective, PackedRows(rows, micro_batch, seed), config,
-                              tempfile.mkdtemp(prefix="slm-bench-sft-bench-")) for name, objective in objectives.items()}
+    sides = {"whole": (CausalLM(), config), ours: (CausalLM(**objective_options), replace(config, **config_options))}
+    trainers = {name: Trainer(create_model(spec, seed=seed), objective, PackedRows(rows, micro_batch, seed), side_config,
+                              tempfile.mkdtemp(prefix="slm-bench-sft-bench-")) for name, (objective, side_config) in sides.items()}
 
     def run(trainer):
         return lambda: [trainer.train_step() for _ in range(steps)]
 
-    base_times, our_times = interleaved(runs, run(trainers["whole"]), run(trainers["scored"]))
+    base_times, our_times = interleaved(runs, run(trainers["whole"]), run(trainers[ours]))  # the warm-up step compiles
     spread = ratio_spread(base_times, our_times)
     tokens = steps * micro_batch * seq_len
-    scored_tps, whole_tps = tokens / statistics.median(our_times), tokens / statistics.median(base_times)
+    ours_tps, whole_tps = tokens / statistics.median(our_times), tokens / statistics.median(base_times)
     peak, source = matmul_peak()
     flops = flops_per_token(spec, context=seq_len)["train"]  # model FLOPs per row token, as the stages count them
     labelled = sum(l != -100 for r in rows for l in r["labels"][1:]) / (len(rows) * (seq_len - 1))
-    return {"benchmark": "sft", "baseline": "every position's logits, as the stages train (CausalLM()); ours: the output head at "
-            "labelled positions only (CausalLM(scored_only=True))", **spread,
+    return {"benchmark": "sft" if ours == "scored" else f"sft-{ours}", "ours": ours,
+            "baseline": f"every position's logits, eager, as the stages train (CausalLM()); ours: {described}", **spread,
             "interval": f"min–max of {runs} interleaved repeats; covers the median ratio with probability {spread['interval_coverage']:.0%}",
-            "scored_tokens_per_s": round(scored_tps, 1), "whole_tokens_per_s": round(whole_tps, 1),
-            "scored_gflops": round(flops * scored_tps / 1e9, 2), "fraction_of_peak": round(flops * scored_tps / 1e9 / peak, 4),
+            "ours_tokens_per_s": round(ours_tps, 1), "whole_tokens_per_s": round(whole_tps, 1),
+            "ours_gflops": round(flops * ours_tps / 1e9, 2), "fraction_of_peak": round(flops * ours_tps / 1e9 / peak, 4),
             "whole_fraction_of_peak": round(flops * whole_tps / 1e9 / peak, 4), "peak_gflops": round(peak, 2), "peak_source": source,
-            "precision": trainers["scored"].precision,
+            "precision": trainers[ours].precision,
             "workload": {"model": f"{preset} at the sft stage's shape ({layers} layers, hidden {hidden}, FFN {ffn}, vocab {vocab})",
-                         "params": sum(p.numel() for p in trainers["scored"].model.parameters()), "seq_len": seq_len, "micro_batch": micro_batch,
+                         "params": sum(p.numel() for p in trainers[ours].model.parameters()), "seq_len": seq_len, "micro_batch": micro_batch,
                          "steps_per_run": steps, "rows": len(rows), "labelled_share": round(labelled, 3),
                          "examples": "76-110 tokens (1 in 5 110-160), last 52% labelled, packed greedily", "torch_threads": torch.get_num_threads()}}
 
+
+def bench_sft_compiled(**kwargs) -> dict:
+    "`bench_sft` with the model compiled (`TrainConfig(compile=True)`) against the eager step."
+    return bench_sft(ours="compiled", **kwargs)

@@ -52,7 +52,7 @@ class PTSConfig:
     adaptive: bool = True  # the sequential test (ours): each decision wrong with probability <= delta; False: N rollouts, point estimates
     delta: float = 0.05  # adaptive: error rate of each decision (ours)
     first_look: int = 16  # adaptive: rollouts at the first look; each later look doubles them, up to `rollouts` (ours)
-    leaf_rollouts: int = 1024  # adaptive: a single token still open at `rollouts` goes on up to this many (ours: steps near p_gap need them)
+    leaf_rollouts: int = 1024  # adaptive: a single token still open at `rollouts` goes on up to this many (ours: steps near p_gap need them; the pts stage confirms at 512)
     discovery_rollouts: int = 0  # ours: 0 = Subdivide decides by the sequential test; N = Subdivide on N-rollout point estimates, each pivot then re-decided on fresh rollouts by it
     screen_rollouts: int = 16  # rollouts from the bare question that screen it against question_range (ours)
     temperature: float = 1.0
@@ -73,8 +73,8 @@ class PTSConfig:
             raise BadInput("rollouts, first_look, screen_rollouts and solutions_per_question must be >= 1, alternatives >= 0 and delta in (0, 1)")
         if self.discovery_rollouts < 0:
             raise BadInput(f"discovery_rollouts must be >= 0 (0: the sequential test decides the search), got {self.discovery_rollouts}")
-        if self.leaf_rollouts < self.rollouts:
-            raise BadInput(f"leaf_rollouts ({self.leaf_rollouts}) must be at least rollouts ({self.rollouts})")
+        if self.adaptive and self.leaf_rollouts < self.rollouts:  # the fixed rule samples `rollouts` and never looks further
+            raise BadInput(f"leaf_rollouts ({self.leaf_rollouts}) must be at least rollouts ({self.rollouts}) for the sequential test: raise leaf_rollouts (pts.leaf_rollouts)")
         if self.keep_rollouts < self.solutions_per_question:
             raise BadInput(f"keep_rollouts ({self.keep_rollouts}) must be at least solutions_per_question ({self.solutions_per_question}): T_full is a kept rollout")
         if self.split not in ("logprob", "index"):
@@ -93,6 +93,11 @@ def _looks(self: PTSConfig) -> list[int]:
     while schedule[-1] < self.leaf_rollouts:
         schedule.append(min(2 * schedule[-1], self.leaf_rollouts))
     return schedule
+
+
+def _leaf_cap(self: PTSConfig) -> int:
+    "The most rollouts a single token's comparison may take: `leaf_rollouts` (the fixed rule, which may set N above it: N)."
+    return max(self.leaf_rollouts, self.rollouts)
 
 
 def _level(self: PTSConfig) -> float | None:
@@ -117,7 +122,7 @@ def _estimate_fingerprint(self: PTSConfig) -> dict:
             "stop": list(self.stop), "seed": self.seed}
 
 
-PTSConfig.looks, PTSConfig.level, PTSConfig.fresh = _looks, _level, _fresh
+PTSConfig.looks, PTSConfig.leaf_cap, PTSConfig.level, PTSConfig.fresh = _looks, _leaf_cap, _level, _fresh
 PTSConfig.sampling, PTSConfig.estimate_fingerprint = _sampling, _estimate_fingerprint
 
 # %% ../../nbs/methods/04_pts.ipynb #be01e547
@@ -328,7 +333,7 @@ def search_all(searches: list[SolutionSearch], estimator: Estimator, config: PTS
     bar = tqdm(desc="PTS subdivide", unit="depth", disable=not progress)
     while frontier:
         settled = settle([((s.question, s.prefix(i)), (s.question, s.prefix(j))) for s, i, j in frontier], estimator, config, rule,
-                         caps=[config.leaf_rollouts if j - i == 1 else config.rollouts for s, i, j in frontier])
+                         caps=[config.leaf_cap() if j - i == 1 else config.rollouts for s, i, j in frontier])
         following = []
         for (s, i, j), (decision, n) in zip(frontier, settled):
             s.comparisons += 1
@@ -355,7 +360,7 @@ def confirm_pivots(searches: list[SolutionSearch], fresh: Estimator, config: PTS
     "Keep the pivots that the sequential test on `fresh` rollouts finds moving p by >= p_gap the same way, with that interval; returns how many went."
     found = [(s, p) for s in searches for p in s.pivots]
     decided = settle([_pivot_ends(s, p, p.token) for s, p in found], fresh, config, lambda a, b, level: compare(a, b, config.p_gap, level),
-                     caps=[config.leaf_rollouts] * len(found))
+                     caps=[config.leaf_cap()] * len(found))
     for s in searches:
         s.pivots = []
     for (s, p), (decision, n) in zip(found, decided):

