@@ -525,8 +525,8 @@ def _add_model_commands(sub) -> None:
     p.set_defaults(func=cmd_score)
 
 
-def _add_bench_command(sub) -> None:
-    "bench."
+def _add_bench_commands(sub) -> None:
+    "bench, and stacks (a profiled run)."
     p = sub.add_parser("bench", help="run benchmarks: " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -586,7 +586,7 @@ def _add_cluster_commands(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slm-bench", description="Run and inspect the slm_bench pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_commands in (_add_listing_commands, _add_run_commands, _add_cluster_commands, _add_model_commands, _add_bench_command):
+    for add_commands in (_add_listing_commands, _add_run_commands, _add_cluster_commands, _add_model_commands, _add_bench_commands):
         add_commands(sub)
     return parser
 
