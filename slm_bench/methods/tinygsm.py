@@ -154,13 +154,12 @@ def pretrain_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: 
 
 
 def sft_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: int, checkpoint_at: Sequence[int] = (), seed: int = 0,
-               progress: bool = True, compile: bool = False):
-    "The SFT stage's optimiser settings; `checkpoint_at` names the steps kept for the verifier's label diversity; `compile`: `TrainConfig.compile`."
+               progress: bool = True):
+    "The SFT stage's optimiser settings; `checkpoint_at` names the steps kept for the verifier's label diversity."
     from slm_bench.train.engine import TrainConfig
 
     return TrainConfig(steps=steps, micro_batch_size=micro_batch_size, lr=lr, warmup_steps=warmup_steps, schedule="cosine", min_lr_ratio=0.1,
-                       weight_decay=0.1, grad_clip=1.0, seed=seed, checkpoint_at=tuple(checkpoint_at), checkpoint_every=100, progress=progress,
-                       compile=compile)
+                       weight_decay=0.1, grad_clip=1.0, seed=seed, checkpoint_at=tuple(checkpoint_at), checkpoint_every=100, progress=progress)
 
 
 def verifier_config(steps: int, micro_batch_size: int, lr: float, warmup_steps: int, seed: int = 0, progress: bool = True):
