@@ -6,10 +6,13 @@ from slm_bench.infer.lean import LeanDecoder, lean_support
 from slm_bench.lm.models import create_model, get_preset
 
 
-@pytest.mark.parametrize("name, kv_heads", [("llama-0.5m", 4), ("llama-0.5m", 2), ("llama-0.5m", 1), ("phi-0.5m", 2)])
-def test_decode_steps_match_the_full_forward(name, kv_heads):
+@pytest.mark.parametrize("attention", ["fused", "eager"])
+@pytest.mark.parametrize("name, kv_heads", [("llama-0.5m", 4), ("llama-0.5m", 2), ("llama-0.5m", 1), ("phi-0.5m", 2), ("llama-2m", 2)])
+def test_decode_steps_match_the_full_forward(name, kv_heads, attention):
+    "Head size 16 (the kernel's generic loop) and 32 (its compiled-in size), MHA, GQA and MQA, Llama and Phi-3."
     model = create_model(get_preset(name, num_kv_heads=kv_heads, vocab_size=97, rope_theta=250_000.0)).eval()
-    lean = LeanDecoder(model)
+    lean = LeanDecoder(model, attention=attention)
+    assert lean.fused == (attention == "fused")
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]  # different lengths: left padding
     n, steps = 3, 6
     width = max(map(len, prompts))

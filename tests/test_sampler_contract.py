@@ -232,3 +232,16 @@ def test_checking_stop_strings_only_after_enders_stops_every_sample_where_checki
     stop_ids = default_stop_ids(reference.tokenizer, params)
     by_string = sum(reason == "stop" and ids[-1] not in stop_ids for g in ours for ids, reason in g)
     assert by_string >= 8  # many samples stopped on a string, not on a stop token
+
+
+def test_fused_and_eager_attention_draw_the_same_samples(tiny_checkpoint, reference):
+    "The fused decode kernel changes no sample: one sample per prompt, and many with prompts finishing early and rows going on alone."
+    fused = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean", attention="fused")
+    eager = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean", attention="eager")
+    assert (fused.lean.fused, eager.lean.fused) == (True, False)
+    prompts = [prompt(reference, text) for text in ("Tom has 3 apples and buys", "Tom", "Tom has 17 apples and buys 2", "Tom has")]
+    for params in (SamplingParams(n=1, max_new_tokens=24, seed=3, top_k=20),
+                   SamplingParams(n=6, max_new_tokens=24, seed=2, stop=["more"], content_seeds=True)):
+        ours, theirs = fused.generate(prompts, params), eager.generate(prompts, params)
+        assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
+        assert [c.logprob for g in ours for c in g] == pytest.approx([c.logprob for g in theirs for c in g], abs=1e-4)

@@ -55,16 +55,24 @@ def _shape_label(prompts: int, prompt_len: int, samples: int, new_tokens: int) -
 
 
 def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int, new_tokens: int, runs: int, seed: int = 0) -> dict:
-    "New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios."
+    "New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios; and, where the fused decode attention builds, ours with it against ours with the eager attention."
     from slm_bench.infer.sampling import HFSampler, SamplingParams
 
-    sampler = HFSampler(model, _word_tokenizer(spec.vocab_size), mode="lean")
+    tokenizer = _word_tokenizer(spec.vocab_size)
+    sampler = HFSampler(model, tokenizer, mode="lean")  # the fused decode attention where it builds
+    eager = HFSampler(model, tokenizer, mode="lean", attention="eager")
     ids = _prompt_ids(spec, prompts, prompt_len, seed)
     params = SamplingParams(n=samples, max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=seed)
 
-    def ours():
-        out = sampler.generate(ids.tolist(), params)
+    def sample_with(lean_sampler):
+        out = lean_sampler.generate(ids.tolist(), params)
         assert all(len(c.token_ids) == new_tokens for group in out for c in group)
+
+    def ours():
+        sample_with(sampler)
+
+    def ours_eager():
+        sample_with(eager)
 
     def baseline():
         with torch.inference_mode():
@@ -75,12 +83,20 @@ def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int
 
     base_times, our_times = interleaved(runs, baseline, ours)
     generated = prompts * samples * new_tokens
+    fused = None  # ours with the fused decode attention against ours with the eager one, in its own interleaved runs
+    if sampler.lean.fused:
+        eager_times, fused_times = interleaved(runs, ours_eager, ours)
+        spread = ratio_spread(eager_times, fused_times)
+        fused = {key: spread[key] for key in ("ratio", "ratio_min", "ratio_max")} | {
+            "eager_new_tokens_per_s": round(generated / statistics.median(eager_times), 1),
+            "fused_new_tokens_per_s": round(generated / statistics.median(fused_times), 1)}
     return {"shape": _shape_label(prompts, prompt_len, samples, new_tokens), **ratio_spread(base_times, our_times),
             "ours_new_tokens_per_s": round(generated / statistics.median(our_times), 1),
             "baseline_new_tokens_per_s": round(generated / statistics.median(base_times), 1),
             "baseline_flops_over_ours": round(_generate_flops(spec, prompts, prompt_len, samples, new_tokens)
                                               / _sampling_flops(spec, prompts, prompt_len, samples, new_tokens), 2),
             "achieved_gflops": round(_sampling_flops(spec, prompts, prompt_len, samples, new_tokens) / statistics.median(our_times) / 1e9, 2),
+            "fused_over_eager_attention": fused,
             "ours_seconds": [round(t, 3) for t in our_times], "baseline_seconds": [round(t, 3) for t in base_times],
             "workload": {"prompts": prompts, "prompt_len": prompt_len, "samples": samples, "new_tokens": new_tokens}}
 
@@ -99,6 +115,11 @@ def _explain(pts: dict, plain: dict) -> str:
     return said + "The two ranges overlap: this run cannot split the PTS gain between the two (a busy machine widens the ranges)."
 
 # %% ../../nbs/bench/01_sampler.ipynb #cb6dc211
+def _fused_cell(fused: dict | None) -> str:
+    "The table's cell for ours with the fused decode attention over ours with the eager one."
+    return "kernel not built here" if fused is None else f"{fused['ratio']} ({fused['ratio_min']}–{fused['ratio_max']})"
+
+
 def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: int = 5, seed: int = 0) -> dict:
     "New tokens/s of `HFSampler` (lean) against `model.generate`, on the PTS shape, a plain one and the stages' evaluation shape (see `SAMPLER_SHAPES`)."
     shapes = shapes or SAMPLER_SHAPES
@@ -109,7 +130,8 @@ def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: in
     peak, source = matmul_peak()
     rows = [{"shape": f"{name}: {m['shape']}", "ratio": m["ratio"], "min–max": f"{m['ratio_min']}–{m['ratio_max']}",
              "ours new tok/s": m["ours_new_tokens_per_s"], "generate new tok/s": m["baseline_new_tokens_per_s"],
-             "generate FLOPs / ours": m["baseline_flops_over_ours"]} for name, m in measured.items()]
+             "generate FLOPs / ours": m["baseline_flops_over_ours"],
+             "fused / eager attention": _fused_cell(m["fused_over_eager_attention"])} for name, m in measured.items()]
     result = {"benchmark": "sampler", "baseline": "model.generate(num_return_sequences=n) on the same model and prompts", "rows": rows}
     if {"PTS", "plain"} <= set(measured):
         result["explanation"] = _explain(measured["PTS"], measured["plain"])

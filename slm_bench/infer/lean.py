@@ -5,11 +5,15 @@
 # %% ../../nbs/infer/00_lean.ipynb #3b607bb9
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
+from .decode_kernel import decode_attention_op, decode_kernel_problem
+
 # %% auto #0
-__all__ = ['SUPPORTED_ARCHITECTURES', 'STATIC_ROPE_TYPES', 'lean_support', 'LeanDecoder']
+__all__ = ['SUPPORTED_ARCHITECTURES', 'STATIC_ROPE_TYPES', 'ATTENTION_MODES', 'lean_support', 'LeanDecoder']
 
 # %% ../../nbs/infer/00_lean.ipynb #f5e26772
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Phi3ForCausalLM")
@@ -41,13 +45,30 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 # %% ../../nbs/infer/00_lean.ipynb #5aaa1e8f
-class LeanDecoder:
-    "Prefill and single-token decode steps for a Llama or Phi-3 transformers model, on its own weights."
+ATTENTION_MODES = ("auto", "fused", "eager")
 
-    def __init__(self, model):
+
+class LeanDecoder:
+    """Prefill and single-token decode steps for a Llama or Phi-3 transformers model, on its own weights.
+
+    `attention`: "fused" runs each decode step's attention in the compiled kernel (`infer.decode_kernel`, float32 on
+    CPU), "eager" in torch ops; "auto" takes the kernel where it applies and builds, else eager (with a warning)."""
+
+    def __init__(self, model, attention: str = "auto"):
         problem = lean_support(model)
         if problem:
             raise NotImplementedError(problem)
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+        weight = model.get_input_embeddings().weight
+        why_not = (f"the fused decode attention is float32 on CPU; this model is {weight.dtype} on {weight.device.type}"
+                   if weight.dtype != torch.float32 or weight.device.type != "cpu" else decode_kernel_problem())
+        if attention == "fused" and why_not:
+            raise NotImplementedError(why_not)
+        if attention == "auto" and why_not and weight.dtype == torch.float32 and weight.device.type == "cpu":
+            warnings.warn(why_not, stacklevel=2)
+        self.fused = attention != "eager" and not why_not
+        self._fused_attention = decode_attention_op() if self.fused else None
         cfg = model.config
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -122,7 +143,8 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
     """Run left-padded prompts `ids` [B, L] (`mask` 1 on real tokens) once.
 
     Returns the logits (at the last position, or every position if `all_logits`) and the per-layer
-    prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` (contiguous) with RoPE applied to K."""
+    prompt cache `[(K, V)]`, each `[B, kv_heads, L, head_dim]` (contiguous) with RoPE applied to K; with the fused
+    attention K is kept transposed, `[B, kv_heads, head_dim, L]`, the layout its kernel reads."""
     self._sync_weights()
     B, L = ids.shape
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -139,7 +161,8 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
         q = self._apply_rope(q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = self._apply_rope(k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
         v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        cache.append((k.contiguous(), v.contiguous()))  # once here, not in every step: a transposed cache makes each step's matmul copy it
+        # once here, not in every step: a transposed cache makes each step's matmul copy it
+        cache.append((k.transpose(-1, -2).contiguous() if self.fused else k.contiguous(), v.contiguous()))
         if self.group > 1:
             k = k[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
             v = v[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
@@ -160,37 +183,47 @@ def _new_cache(self: LeanDecoder, rows: int, max_new: int) -> list[tuple[torch.T
              torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
 
 
+def _eager_attention(self: LeanDecoder, q, kp, vp, hide, kg, vg, t: int, n: int) -> torch.Tensor:
+    "One decode step's attention in torch ops: q [N, heads, d] over the shared prompt cache and each row's first t + 1 generated positions."
+    N, (B, kvh, L, hd), g = q.shape[0], kp.shape, self.group
+    # scores against the shared prompt: [B, kvh, n*g, L]
+    q_shared = q.view(B, n, kvh, g, hd).transpose(1, 2).reshape(B, kvh, n * g, hd)
+    s_prompt = (q_shared @ kp.transpose(-1, -2)).mul_(self.scale).masked_fill_(hide, float("-inf"))
+    s_prompt = s_prompt.view(B, kvh, n, g, L).transpose(1, 2).reshape(N, kvh, g, L)
+    # scores against this row's generated tokens: [N, kvh, g, t+1]
+    k_new, v_new = kg[:, :, :t + 1], vg[:, :, :t + 1]
+    s_new = (q.view(N, kvh, g, hd) @ k_new.transpose(-1, -2)).mul_(self.scale)
+    p_prompt, p_new = torch.cat([s_prompt, s_new], dim=-1).softmax(dim=-1).split([L, t + 1], dim=-1)
+    o_prompt = p_prompt.reshape(B, n, kvh, g, L).transpose(1, 2).reshape(B, kvh, n * g, L) @ vp
+    o_prompt = o_prompt.view(B, kvh, n, g, hd).transpose(1, 2).reshape(N, kvh, g, hd)
+    return o_prompt + p_new @ v_new
+
+
 @torch.inference_mode()
 def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prompt_cache, prompt_mask: torch.Tensor,
           gen_cache, t: int, n: int) -> torch.Tensor:
     """Logits for one new token per row. Rows are prompts × n samples (prompt-major); `t` is the index
     of this token among the generated ones; the prompt cache is shared by the n rows of its prompt."""
     N = tokens.shape[0]
-    B, L = prompt_mask.shape
-    h, kvh, g, hd = self.n_heads, self.n_kv, self.group, self.head_dim
+    h, kvh, hd = self.n_heads, self.n_kv, self.head_dim
     cos, sin = self._rope(positions, self.embed.dtype)
     cos, sin = cos[:, None], sin[:, None]
-    hide = ~prompt_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+    keep = prompt_mask.bool().contiguous()
+    hide = ~keep[:, None, None, :]  # [B, 1, 1, L]
     x = self.embed[tokens]
     for (norm1, qkv_w, o_w, norm2, gate_up, down), (kp, vp), (kg, vg) in zip(self.layers, prompt_cache, gen_cache):
         q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
         q = self._apply_rope(q.view(N, h, hd), cos, sin)
         kg[:, :, t] = self._apply_rope(k.view(N, kvh, hd), cos, sin)
         vg[:, :, t] = v.view(N, kvh, hd)
-        # scores against the shared prompt: [B, kvh, n*g, L]
-        q_shared = q.view(B, n, kvh, g, hd).transpose(1, 2).reshape(B, kvh, n * g, hd)
-        s_prompt = (q_shared @ kp.transpose(-1, -2)).mul_(self.scale).masked_fill_(hide, float("-inf"))
-        s_prompt = s_prompt.view(B, kvh, n, g, L).transpose(1, 2).reshape(N, kvh, g, L)
-        # scores against this row's generated tokens: [N, kvh, g, t+1]
-        k_new, v_new = kg[:, :, :t + 1], vg[:, :, :t + 1]
-        s_new = (q.view(N, kvh, g, hd) @ k_new.transpose(-1, -2)).mul_(self.scale)
-        p_prompt, p_new = torch.cat([s_prompt, s_new], dim=-1).softmax(dim=-1).split([L, t + 1], dim=-1)
-        o_prompt = p_prompt.reshape(B, n, kvh, g, L).transpose(1, 2).reshape(B, kvh, n * g, L) @ vp
-        o_prompt = o_prompt.view(B, kvh, n, g, hd).transpose(1, 2).reshape(N, kvh, g, hd)
-        out = (o_prompt + p_new @ v_new).reshape(N, h * hd)
-        x = x + out @ o_w.T
+        if self.fused:
+            out = self._fused_attention(q.contiguous(), kp, vp, keep, kg, vg, t + 1, n, self.scale)
+        else:
+            out = self._eager_attention(q, kp, vp, hide, kg, vg, t, n)
+        x = x + out.reshape(N, h * hd) @ o_w.T
         x = x + self._mlp(x, norm2, gate_up, down)
     return _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
 
 
+LeanDecoder._eager_attention = _eager_attention
 LeanDecoder.new_cache, LeanDecoder.step = _new_cache, _step

@@ -280,7 +280,7 @@ class HFSampler:
     single_rows_at = 0.5  # lean, content seeds: active rows go on alone once at most this share of the batch is active (0: never; ours)
 
     def __init__(self, model, tokenizer, mode: str = "auto", max_batch_prompts: int = 128, memory_fraction: float = 0.25,
-                 progress: bool = False):
+                 progress: bool = False, attention: str = "auto"):
         from slm_bench.infer.lean import LeanDecoder, lean_support
         from slm_bench.lm.models import check_vocab
 
@@ -295,7 +295,7 @@ class HFSampler:
         if mode not in ("lean", "generate"):
             raise BadInput(f"mode must be 'auto', 'lean' or 'generate', got {mode!r}")
         self.mode = mode
-        self.lean = LeanDecoder(model) if mode == "lean" else None
+        self.lean = LeanDecoder(model, attention=attention) if mode == "lean" else None  # attention: the lean step's ("auto", "fused", "eager")
         self.max_batch_prompts, self.memory_fraction, self.progress = max_batch_prompts, memory_fraction, progress
         self._stop_enders: dict[tuple, frozenset[int] | None] = {}
 
