@@ -161,7 +161,7 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
         q = self._apply_rope(q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = self._apply_rope(k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
         v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        # once here, not in every step: a transposed cache makes each step's matmul copy it
+        # laid out once here, not in every step: the eager step reads K as [L, d], the fused kernel as [d, L]
         cache.append((k.transpose(-1, -2).contiguous() if self.fused else k.contiguous(), v.contiguous()))
         if self.group > 1:
             k = k[:, :, None].expand(B, self.n_kv, self.group, L, self.head_dim).reshape(B, self.n_heads, L, self.head_dim)
