@@ -34,7 +34,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
     include_package_data=True,
     # versioned teacher prompt templates and judge rubrics; the real benchmark files (gzip) with their licenses
-    package_data={cfg["lib_name"]: ["data/prompts/*/*.txt", "evals/rubrics/*.txt", "evals/datasets/README.md", "evals/datasets/*/*"]},
+    package_data={cfg["lib_name"]: ["data/prompts/*/*.txt", "infer/csrc/*.cpp", "evals/rubrics/*.txt", "evals/datasets/README.md", "evals/datasets/*/*"]},
     install_requires=split_requirements("requirements"),
     extras_require=extras,
     python_requires=">=" + cfg["min_python"],

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import os
 import platform
+from importlib import resources
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION_SOURCE', 'KERNEL_FLAGS', 'KERNEL_LDFLAGS', 'decode_attention_reference', 'kernel_build_dir',
+__all__ = ['KERNEL_SOURCE', 'KERNEL_FLAGS', 'KERNEL_LDFLAGS', 'decode_attention_reference', 'kernel_build_dir',
            'decode_attention_op', 'decode_kernel_problem']
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #1e817a09
@@ -37,155 +38,7 @@ def decode_attention_reference(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tens
     return (weights[:, :, None] @ v)[:, :, 0]
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #99637c41
-DECODE_ATTENTION_SOURCE = r"""
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
-#include <algorithm>
-#include <cfloat>
-#include <cmath>
-#include <cstring>
-#include <vector>
-
-namespace {
-
-typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
-constexpr int64_t KEY_BLOCK = 4;  // prompt keys' scores are computed 4 × 16 at a time, in registers
-
-inline v16 load(const float* x) { v16 v; std::memcpy(&v, x, sizeof v); return v; }
-inline void store(float* x, v16 v) { std::memcpy(x, &v, sizeof v); }
-inline float sum(v16 v) { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
-
-// Scores of query q against keys stored transposed (kt [D, L], row stride L), keys [from, L), into p.
-template <int64_t DC>
-void scores_transposed(const float* __restrict__ q, const float* __restrict__ kt, int64_t D, int64_t L, float* __restrict__ p) {
-  int64_t l0 = 0;
-  if constexpr (DC > 0) {
-    for (; l0 + 16 * KEY_BLOCK <= L; l0 += 16 * KEY_BLOCK) {
-      v16 acc[KEY_BLOCK] = {};
-      for (int64_t k = 0; k < DC; ++k) {
-        const float qk = q[k];
-        for (int64_t j = 0; j < KEY_BLOCK; ++j) acc[j] += qk * load(kt + k * L + l0 + 16 * j);
-      }
-      for (int64_t j = 0; j < KEY_BLOCK; ++j) store(p + l0 + 16 * j, acc[j]);
-    }
-  }
-  for (int64_t l = l0; l < L; ++l) p[l] = 0.f;
-  for (int64_t k = 0; k < D; ++k) {
-    const float qk = q[k];
-    for (int64_t l = l0; l < L; ++l) p[l] += qk * kt[k * L + l];
-  }
-}
-
-// out = sum_i w[i] * rows[i] over `count` rows of width D (row-major), added to out.
-template <int64_t DC>
-void weighted_rows(const float* __restrict__ w, const float* __restrict__ rows, int64_t count, int64_t D, float* __restrict__ out) {
-  if constexpr (DC > 0) {
-    v16 acc[DC / 16];
-    for (int64_t j = 0; j < DC / 16; ++j) acc[j] = load(out + 16 * j);
-    for (int64_t i = 0; i < count; ++i)
-      for (int64_t j = 0; j < DC / 16; ++j) acc[j] += w[i] * load(rows + i * DC + 16 * j);
-    for (int64_t j = 0; j < DC / 16; ++j) store(out + 16 * j, acc[j]);
-  } else {
-    for (int64_t i = 0; i < count; ++i)
-      for (int64_t k = 0; k < D; ++k) out[k] += w[i] * rows[i * D + k];
-  }
-}
-
-// p[u] = q . keys[u] for `count` row-major keys of width D.
-template <int64_t DC>
-void scores_rows(const float* __restrict__ q, const float* __restrict__ keys, int64_t count, int64_t D, float* __restrict__ p) {
-  if constexpr (DC > 0) {
-    v16 qv[DC / 16];
-    for (int64_t j = 0; j < DC / 16; ++j) qv[j] = load(q + 16 * j);
-    for (int64_t u = 0; u < count; ++u) {
-      v16 acc = qv[0] * load(keys + u * DC);
-      for (int64_t j = 1; j < DC / 16; ++j) acc += qv[j] * load(keys + u * DC + 16 * j);
-      p[u] = sum(acc);
-    }
-  } else {
-    for (int64_t u = 0; u < count; ++u) {
-      float acc = 0.f;
-      for (int64_t k = 0; k < D; ++k) acc += q[k] * keys[u * D + k];
-      p[u] = acc;
-    }
-  }
-}
-
-template <int64_t DC>  // the head size when it is a multiple of 16 compiled in (32, 64, 128), 0 otherwise
-void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP, const float* KG, const float* VG, float* O,
-            int64_t H, int64_t d_rt, int64_t B, int64_t KVH, int64_t L, int64_t T, int64_t written, int64_t n, float scale) {
-  const int64_t D = DC ? DC : d_rt, G = H / KVH, S = L + written;
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score_buf(S), penalty_buf(L);
-    float* __restrict__ p = score_buf.data();
-    float* __restrict__ pen = penalty_buf.data();
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KVH, kh = task % KVH;
-      const float* __restrict__ kpt = KPT + task * D * L;
-      const float* __restrict__ vp = VP + task * L * D;
-      for (int64_t l = 0; l < L; ++l) pen[l] = KEEP[b * L + l] ? 0.f : -1e30f;  // a pad key: its exponential underflows to 0
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = b * n + i;
-        const float* __restrict__ kg = KG + (r * KVH + kh) * T * D;
-        const float* __restrict__ vg = VG + (r * KVH + kh) * T * D;
-        for (int64_t gi = 0; gi < G; ++gi) {
-          const int64_t head = kh * G + gi;
-          const float* __restrict__ q = Q + (r * H + head) * D;
-          float* __restrict__ o = O + (r * H + head) * D;
-          scores_transposed<DC>(q, kpt, D, L, p);
-          scores_rows<DC>(q, kg, written, D, p + L);
-          float m = -FLT_MAX;
-          for (int64_t l = 0; l < L; ++l) { p[l] = p[l] * scale + pen[l]; m = std::max(m, p[l]); }
-          for (int64_t u = 0; u < written; ++u) { p[L + u] *= scale; m = std::max(m, p[L + u]); }
-          float total = 0.f;
-#pragma omp simd reduction(+:total)
-          for (int64_t s = 0; s < S; ++s) { p[s] = expf(p[s] - m); total += p[s]; }
-          for (int64_t k = 0; k < D; ++k) o[k] = 0.f;
-          weighted_rows<DC>(p, vp, L, D, o);
-          weighted_rows<DC>(p + L, vg, written, D, o);
-          const float inv = 1.f / total;
-          for (int64_t k = 0; k < D; ++k) o[k] *= inv;
-        }
-      }
-    }
-  });
-}
-
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kpt, const at::Tensor& vp, const at::Tensor& keep,
-                            const at::Tensor& kg, const at::Tensor& vg, int64_t written, int64_t n, double scale) {
-  for (const at::Tensor* t : {&q, &kpt, &vp, &kg, &vg})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu(),
-                "decode_attention takes contiguous float32 CPU tensors");
-  TORCH_CHECK(keep.scalar_type() == at::kBool && keep.is_contiguous(), "decode_attention: keep is a contiguous bool mask [B, L]");
-  const int64_t N = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t B = kpt.size(0), KVH = kpt.size(1), L = kpt.size(3), T = kg.size(2);
-  TORCH_CHECK(N == B * n && kg.size(0) == N && vg.sizes() == kg.sizes() && kpt.size(2) == D && vp.size(2) == L && H % KVH == 0,
-              "decode_attention: q [B*n, H, D], kpt [B, KVH, D, L], vp [B, KVH, L, D], kg and vg [B*n, KVH, T, D]");
-  TORCH_CHECK(written >= 1 && written <= T, "decode_attention: written must be in 1..", T);
-  at::Tensor out = at::empty({N, H, D}, q.options());
-  const float *Q = q.data_ptr<float>(), *KPT = kpt.data_ptr<float>(), *VP = vp.data_ptr<float>();
-  const float *KG = kg.data_ptr<float>(), *VG = vg.data_ptr<float>();
-  const bool* KEEP = keep.data_ptr<bool>();
-  float* O = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  switch (D) {
-    case 32: attend<32>(Q, KPT, VP, KEEP, KG, VG, O, H, D, B, KVH, L, T, written, n, sc); break;
-    case 64: attend<64>(Q, KPT, VP, KEEP, KG, VG, O, H, D, B, KVH, L, T, written, n, sc); break;
-    case 128: attend<128>(Q, KPT, VP, KEEP, KG, VG, O, H, D, B, KVH, L, T, written, n, sc); break;
-    default: attend<0>(Q, KPT, VP, KEEP, KG, VG, O, H, D, B, KVH, L, T, written, n, sc);
-  }
-  return out;
-}
-
-}  // namespace
-
-TORCH_LIBRARY(slm_bench, m) {
-  m.def("decode_attention(Tensor q, Tensor kpt, Tensor vp, Tensor keep, Tensor kg, Tensor vg, int written, int n, float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(slm_bench, CPU, m) { m.impl("decode_attention", &decode_attention); }
-"""
+KERNEL_SOURCE = resources.files("slm_bench.infer") / "csrc" / "decode_attention.cpp"
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #6007572f
 KERNEL_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
@@ -205,7 +58,7 @@ def _cpu_features() -> str:
 
 def kernel_build_dir() -> Path:
     "Where this machine's build of the kernel is cached: `$SLM_BENCH_KERNEL_DIR` or ~/.cache/slm_bench/kernels, then a key."
-    key = hashlib.sha256("\n".join([DECODE_ATTENTION_SOURCE, *KERNEL_FLAGS, *KERNEL_LDFLAGS, torch.__version__,
+    key = hashlib.sha256("\n".join([KERNEL_SOURCE.read_text(), *KERNEL_FLAGS, *KERNEL_LDFLAGS, torch.__version__,
                                     _cpu_features()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("SLM_BENCH_KERNEL_DIR") or Path.home() / ".cache" / "slm_bench" / "kernels")
     return root / f"decode_attention_{key}"
@@ -220,13 +73,8 @@ def _build() -> tuple[object | None, str | None]:
         if shutil.which("ninja") is None and (venv_bin / "ninja").exists():  # pip's ninja, in a venv that is not activated
             os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
         build_dir = kernel_build_dir()
-        build_dir.mkdir(parents=True, exist_ok=True)
-        source = build_dir / "decode_attention.cpp"
-        if not source.exists() or source.read_text() != DECODE_ATTENTION_SOURCE:
-            tmp = source.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(DECODE_ATTENTION_SOURCE)
-            tmp.replace(source)  # atomic: a second process building at once reads a whole file
-        load(name=f"slm_bench_{build_dir.name}", sources=[str(source)], extra_cflags=list(KERNEL_FLAGS),
+        build_dir.mkdir(parents=True, exist_ok=True)  # torch's loader locks it: a second process waits for the first's build
+        load(name=f"slm_bench_{build_dir.name}", sources=[str(KERNEL_SOURCE)], extra_cflags=list(KERNEL_FLAGS),
              extra_ldflags=list(KERNEL_LDFLAGS), build_directory=str(build_dir), is_python_module=False, verbose=False)
         return torch.ops.slm_bench.decode_attention, None
     except Exception as error:  # no compiler, no ninja, an unsupported platform: the eager path still works
