@@ -9,9 +9,9 @@ import functools
 import hashlib
 import os
 import platform
-from importlib import resources
 import shutil
 import sys
+from importlib import resources
 from pathlib import Path
 
 import torch
