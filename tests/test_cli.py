@@ -40,7 +40,7 @@ def test_recipes_list_own_stages_and_what_they_need(cli):
 def test_profiles(cli):
     result = cli("profiles")
     assert result.returncode == 0
-    assert "smoke: " in result.stdout and "environment.sizes = [64, 128]" in result.stdout
+    assert "smoke: " in result.stdout and "environment.sizes = [256, 512]" in result.stdout
 
 
 def test_report_rerenders_a_run(cli, tmp_path):

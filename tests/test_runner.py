@@ -33,12 +33,12 @@ def test_environment_stage_through_the_real_kernel(cli, tmp_path):
     stage = run_dir / "environment"
     manifest = read(stage / "manifest.json")
     assert manifest["status"] == "ok" and manifest["profile"] == "smoke"
-    assert manifest["parameters"]["sizes"] == [64, 128] and manifest["parameters"]["repeats"] == 3
+    assert manifest["parameters"]["sizes"] == [256, 512] and manifest["parameters"]["repeats"] == 3
     assert set(manifest["outputs"]) >= {"environment.json", "matmul.json", "matmul.png", "metrics.json"}
     assert manifest["versions"]["python"] and manifest["versions"]["torch"]
 
     matmul = read(stage / "matmul.json")
-    assert [r["n"] for r in matmul] == [64, 128]
+    assert [r["n"] for r in matmul] == [256, 512]
     for r in matmul:  # GFLOP/s is 2n^3 over the median of the recorded repeats
         times = sorted(r["seconds"])
         assert len(times) == 3 and r["median_s"] == times[1]
