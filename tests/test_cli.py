@@ -86,7 +86,7 @@ def test_sampler_benchmark_arithmetic_on_known_timings(monkeypatch):
     monkeypatch.setattr(sampler, "interleaved", fixed)
     monkeypatch.setattr(sampler, "matmul_peak", lambda: (100.0, "given"))
     result = sampler.bench_sampler(preset="llama-0.5m", shapes={"PTS": (2, 16, 4, 4), "plain": (2, 8, 1, 6)}, runs=3)
-    assert calls == [3, 3, 3, 3]  # per shape: generate against ours, then ours with eager against fused attention
+    assert calls == [3, 3, 3, 3]  # per shape: generate against ours, then ours with the eager step against the fused one
     assert [(r["shape"], r["ratio"], r["min–max"]) for r in result["rows"]] == [
         ("PTS: 4 samples per 16-token prompt, 4 new tokens, 2 prompts", 2.0, "2.0–3.0"),
         ("plain: 1 sample per 8-token prompt, 6 new tokens, 2 prompts", 2.0, "2.0–3.0")]
@@ -98,9 +98,9 @@ def test_sampler_benchmark_arithmetic_on_known_timings(monkeypatch):
     # generate prefills each of the 2 prompts 4 times (once per sample); ours once; both decode 2×4 samples × 4 tokens
     assert pts["baseline_flops_over_ours"] == round((2 * 4 * prefill + 2 * 4 * decode) / (2 * prefill + 2 * 4 * decode), 2)
     assert plain["baseline_flops_over_ours"] == 1.0  # one sample per prompt: the same work on both sides
-    assert pts["fused_over_eager_attention"] == {"ratio": 2.0, "ratio_min": 2.0, "ratio_max": 3.0, "eager_new_tokens_per_s": round(32 / 3.0, 1),
+    assert pts["fused_over_eager_step"] == {"ratio": 2.0, "ratio_min": 2.0, "ratio_max": 3.0, "eager_new_tokens_per_s": round(32 / 3.0, 1),
                                                  "fused_new_tokens_per_s": round(32 / 1.5, 1)}
-    assert result["rows"][0]["fused / eager attention"] == "2.0 (2.0–3.0)"
+    assert result["rows"][0]["fused / eager step"] == "2.0 (2.0–3.0)"
     assert "prefills every prompt once per sample (4×)" in result["explanation"]
     assert result["ratio"] == "median of 3 interleaved repeats; min–max covers the median ratio with probability 75%"
 

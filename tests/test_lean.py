@@ -12,7 +12,24 @@ def test_decode_steps_match_the_full_forward(name, kv_heads, attention):
     "Head size 16 (the kernel's generic loop) and 32 (its compiled-in size), MHA, GQA and MQA, Llama and Phi-3."
     model = create_model(get_preset(name, num_kv_heads=kv_heads, vocab_size=97, rope_theta=250_000.0)).eval()
     lean = LeanDecoder(model, attention=attention)
-    assert lean.fused == (attention == "fused")
+    assert (lean.fused, lean.fused_step) == (attention == "fused", attention == "fused")  # rotary over whole heads: every part fused
+    assert_steps_match(model, lean, name)
+
+
+def test_partial_rotary_keeps_the_fused_attention_and_rotates_in_torch():
+    "Phi-3 with rotary over half of each head: `rope_qkv` (whole heads) does not apply, so the step runs its torch elementwise path around the fused attention."
+    from transformers import Phi3ForCausalLM
+
+    config = create_model(get_preset("phi-0.5m", vocab_size=97)).config
+    config.rope_parameters["partial_rotary_factor"] = 0.5
+    model = Phi3ForCausalLM(config).eval()
+    lean = LeanDecoder(model, attention="fused")
+    assert (lean.fused, lean.fused_step, 2 * lean.inv_freq.numel(), lean.head_dim) == (True, False, 8, 16)
+    assert_steps_match(model, lean, "phi-0.5m, half rotary")
+
+
+def assert_steps_match(model, lean, name):
+    "Prefill and six decode steps of 3 samples for 2 left-padded prompts give the full forward's last logits on every row."
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]  # different lengths: left padding
     n, steps = 3, 6
     width = max(map(len, prompts))

@@ -234,8 +234,8 @@ def test_checking_stop_strings_only_after_enders_stops_every_sample_where_checki
     assert by_string >= 8  # many samples stopped on a string, not on a stop token
 
 
-def test_fused_and_eager_attention_draw_the_same_samples(tiny_checkpoint, reference):
-    "The fused decode kernel changes no sample: one sample per prompt, and many with prompts finishing early and rows going on alone."
+def test_fused_and_eager_steps_draw_the_same_samples(tiny_checkpoint, reference):
+    "The fused decode kernels change no sample: one sample per prompt, and many with prompts finishing early and rows going on alone."
     fused = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean", attention="fused")
     eager = HFSampler.from_checkpoint(tiny_checkpoint, mode="lean", attention="eager")
     assert (fused.lean.fused, eager.lean.fused) == (True, False)
@@ -245,3 +245,24 @@ def test_fused_and_eager_attention_draw_the_same_samples(tiny_checkpoint, refere
         ours, theirs = fused.generate(prompts, params), eager.generate(prompts, params)
         assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
         assert [c.logprob for g in ours for c in g] == pytest.approx([c.logprob for g in theirs for c in g], abs=1e-4)
+
+
+def test_the_fused_pick_draws_what_the_torch_pick_draws_on_any_thread_count():
+    "PromptNoise: the compiled Gumbel-max pick against its torch ops, and uniforms drawn on 2 threads against 1 (the same per-prompt streams)."
+    from slm_bench.infer.sampling import PromptNoise
+
+    scores = torch.randn(12 * 8, 301, generator=torch.Generator().manual_seed(5))
+    scores[::3, 40:] = float("-inf")  # top-k masked rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = PromptNoise(7, range(12)).uniforms(scores.shape)
+        torch_picks = PromptNoise(7, range(12), fused=False).pick(scores)
+        torch.set_num_threads(2)
+        assert torch.equal(PromptNoise(7, range(12)).uniforms(scores.shape), one_thread)
+        fused_picks = PromptNoise(7, range(12)).pick(scores)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(fused_picks, torch_picks)
+    assert torch.equal(torch_picks, (scores - one_thread.clamp_min(1e-20).log().neg().log()).argmax(-1))
+    assert (torch_picks[::3] < 40).all()

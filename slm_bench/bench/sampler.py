@@ -55,11 +55,11 @@ def _shape_label(prompts: int, prompt_len: int, samples: int, new_tokens: int) -
 
 
 def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int, new_tokens: int, runs: int, seed: int = 0) -> dict:
-    "New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios; and, where the fused decode attention builds, ours with it against ours with the eager attention."
+    "New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios; and, where the fused decode kernels build, ours with them against ours with the eager step (torch ops throughout)."
     from slm_bench.infer.sampling import HFSampler, SamplingParams
 
     tokenizer = _word_tokenizer(spec.vocab_size)
-    sampler = HFSampler(model, tokenizer, mode="lean")  # the fused decode attention where it builds
+    sampler = HFSampler(model, tokenizer, mode="lean")  # the fused decode kernels where they build
     eager = HFSampler(model, tokenizer, mode="lean", attention="eager")
     ids = _prompt_ids(spec, prompts, prompt_len, seed)
     params = SamplingParams(n=samples, max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=seed)
@@ -83,7 +83,7 @@ def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int
 
     base_times, our_times = interleaved(runs, baseline, ours)
     generated = prompts * samples * new_tokens
-    fused = None  # ours with the fused decode attention against ours with the eager one, in its own interleaved runs
+    fused = None  # ours with the fused decode kernels against ours with the eager step, in its own interleaved runs
     if sampler.lean.fused:
         eager_times, fused_times = interleaved(runs, ours_eager, ours)
         spread = ratio_spread(eager_times, fused_times)
@@ -96,7 +96,7 @@ def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int
             "baseline_flops_over_ours": round(_generate_flops(spec, prompts, prompt_len, samples, new_tokens)
                                               / _sampling_flops(spec, prompts, prompt_len, samples, new_tokens), 2),
             "achieved_gflops": round(_sampling_flops(spec, prompts, prompt_len, samples, new_tokens) / statistics.median(our_times) / 1e9, 2),
-            "fused_over_eager_attention": fused,
+            "fused_over_eager_step": fused,
             "ours_seconds": [round(t, 3) for t in our_times], "baseline_seconds": [round(t, 3) for t in base_times],
             "workload": {"prompts": prompts, "prompt_len": prompt_len, "samples": samples, "new_tokens": new_tokens}}
 
@@ -116,8 +116,8 @@ def _explain(pts: dict, plain: dict) -> str:
 
 # %% ../../nbs/bench/01_sampler.ipynb #cb6dc211
 def _fused_cell(fused: dict | None) -> str:
-    "The table's cell for ours with the fused decode attention over ours with the eager one."
-    return "kernel not built here" if fused is None else f"{fused['ratio']} ({fused['ratio_min']}–{fused['ratio_max']})"
+    "The table's cell for ours with the fused decode kernels over ours with the eager step."
+    return "kernels not built here" if fused is None else f"{fused['ratio']} ({fused['ratio_min']}–{fused['ratio_max']})"
 
 
 def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: int = 5, seed: int = 0) -> dict:
@@ -131,7 +131,7 @@ def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: in
     rows = [{"shape": f"{name}: {m['shape']}", "ratio": m["ratio"], "min–max": f"{m['ratio_min']}–{m['ratio_max']}",
              "ours new tok/s": m["ours_new_tokens_per_s"], "generate new tok/s": m["baseline_new_tokens_per_s"],
              "generate FLOPs / ours": m["baseline_flops_over_ours"],
-             "fused / eager attention": _fused_cell(m["fused_over_eager_attention"])} for name, m in measured.items()]
+             "fused / eager step": _fused_cell(m["fused_over_eager_step"])} for name, m in measured.items()]
     result = {"benchmark": "sampler", "baseline": "model.generate(num_return_sequences=n) on the same model and prompts", "rows": rows}
     if {"PTS", "plain"} <= set(measured):
         result["explanation"] = _explain(measured["PTS"], measured["plain"])

@@ -10,7 +10,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .decode_kernel import decode_attention_op, decode_kernel_problem
+from .decode_kernel import decode_kernel_problem, decode_ops
 
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'STATIC_ROPE_TYPES', 'ATTENTION_MODES', 'lean_support', 'LeanDecoder']
@@ -52,7 +52,9 @@ class LeanDecoder:
     """Prefill and single-token decode steps for a Llama or Phi-3 transformers model, on its own weights.
 
     `attention`: "fused" runs each decode step's attention in the compiled kernel (`infer.decode_kernel`, float32 on
-    CPU), "eager" in torch ops; "auto" takes the kernel where it applies and builds, else eager (with a warning)."""
+    CPU), and with rotary embeddings over whole heads the step's elementwise parts too (RoPE with the cache write,
+    residual with RMSNorm, SiLU times up); "eager" runs it in torch ops; "auto" takes the kernels where they apply and
+    build, else eager (with a warning)."""
 
     def __init__(self, model, attention: str = "auto"):
         problem = lean_support(model)
@@ -68,7 +70,7 @@ class LeanDecoder:
         if attention == "auto" and why_not and weight.dtype == torch.float32 and weight.device.type == "cpu":
             warnings.warn(why_not, stacklevel=2)
         self.fused = attention != "eager" and not why_not
-        self._fused_attention = decode_attention_op() if self.fused else None
+        self._ops = decode_ops() if self.fused else None
         cfg = model.config
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -78,6 +80,7 @@ class LeanDecoder:
         self.scale = self.head_dim ** -0.5
         rotary = model.model.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
+        self.fused_step = self.fused and 2 * self.inv_freq.numel() == self.head_dim  # rope_qkv rotates whole heads
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.is_phi3 = type(model).__name__ == "Phi3ForCausalLM"
         self._versions: tuple | None = None
@@ -204,6 +207,8 @@ def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prom
           gen_cache, t: int, n: int) -> torch.Tensor:
     """Logits for one new token per row. Rows are prompts × n samples (prompt-major); `t` is the index
     of this token among the generated ones; the prompt cache is shared by the n rows of its prompt."""
+    if self.fused_step:
+        return self._fused_step(tokens, positions, prompt_cache, prompt_mask, gen_cache, t, n)
     N = tokens.shape[0]
     h, kvh, hd = self.n_heads, self.n_kv, self.head_dim
     cos, sin = self._rope(positions, self.embed.dtype)
@@ -217,7 +222,7 @@ def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prom
         kg[:, :, t] = self._apply_rope(k.view(N, kvh, hd), cos, sin)
         vg[:, :, t] = v.view(N, kvh, hd)
         if self.fused:
-            out = self._fused_attention(q.contiguous(), kp, vp, keep, kg, vg, t + 1, n, self.scale)
+            out = self._ops.decode_attention(q.contiguous(), kp, vp, keep, kg, vg, t + 1, n, self.scale)
         else:
             out = self._eager_attention(q, kp, vp, hide, kg, vg, t, n)
         x = x + out.reshape(N, h * hd) @ o_w.T
@@ -225,5 +230,22 @@ def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prom
     return _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
 
 
-LeanDecoder._eager_attention = _eager_attention
+def _fused_step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prompt_cache, prompt_mask: torch.Tensor,
+                gen_cache, t: int, n: int) -> torch.Tensor:
+    "`step` with the compiled kernels: per layer four matmuls, attention and three fused elementwise passes (see `step`'s eager body)."
+    ops, N = self._ops, tokens.shape[0]
+    cos, sin = self._rope(positions, self.embed.dtype)
+    keep = prompt_mask.bool().contiguous()
+    x = self.embed[tokens]  # the residual stream, updated in place by add_rms_norm
+    h = ops.rms_norm(x, self.layers[0][0], self.eps)
+    next_norms = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
+    for (_, qkv_w, o_w, norm2, gate_up, down), (kp, vp), (kg, vg), next_norm in zip(self.layers, prompt_cache, gen_cache, next_norms):
+        q = ops.rope_qkv(h @ qkv_w.T, cos, sin, kg, vg, t, self.n_heads)
+        out = ops.decode_attention(q, kp, vp, keep, kg, vg, t + 1, n, self.scale)
+        h = ops.add_rms_norm(x, out.view(N, -1) @ o_w.T, norm2, self.eps)
+        h = ops.add_rms_norm(x, ops.silu_mul(h @ gate_up.T) @ down.T, next_norm, self.eps)
+    return h @ self.lm_head.T
+
+
+LeanDecoder._eager_attention, LeanDecoder._fused_step = _eager_attention, _fused_step
 LeanDecoder.new_cache, LeanDecoder.step = _new_cache, _step

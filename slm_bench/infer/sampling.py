@@ -5,6 +5,7 @@
 # %% ../../nbs/infer/01_sampling.ipynb #d0db6c66
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -145,23 +146,57 @@ def prompt_generators(seed: int | None, prompt_indices: Sequence[int]) -> list[t
     return [torch.Generator().manual_seed((seed * 1_000_003 + i) % 2**63) for i in prompt_indices]
 
 
-class PromptNoise:
-    "Gumbel-max draws with one torch generator per prompt (rows grouped by prompt); `seed=None` uses the global RNG."
+@functools.cache
+def _draw_pool(threads: int):
+    "A pool of `threads` threads for drawing uniforms from several generators at once (torch releases the GIL while it draws)."
+    from concurrent.futures import ThreadPoolExecutor
 
-    def __init__(self, seed: int | None, prompt_indices: Sequence[int]):
+    return ThreadPoolExecutor(threads, thread_name_prefix="slm-bench-draw")
+
+
+class PromptNoise:
+    """Gumbel-max draws with one torch generator per prompt (rows grouped by prompt); `seed=None` uses the global RNG.
+    With `fused` (the default) float32 CPU scores are picked in one pass of the compiled `gumbel_argmax`
+    (`infer.decode_kernel`), from the same uniforms, where it builds; the torch ops below are its specification."""
+
+    def __init__(self, seed: int | None, prompt_indices: Sequence[int], fused: bool = True):
         self.generators = prompt_generators(seed, prompt_indices)
+        self.fused = fused
 
     def keep(self, prompt_positions: Sequence[int], n: int) -> None:
         "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
         if self.generators is not None:
             self.generators = [self.generators[i] for i in prompt_positions]
 
-    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+    def uniforms(self, shape: torch.Size) -> torch.Tensor:
+        """One uniform per score, on the CPU: each prompt's rows from its own generator, in row order. torch draws from
+        a generator on one thread, so with several intra-op threads each thread fills every k-th prompt's rows (the
+        same numbers: a prompt's stream does not depend on which thread draws it)."""
         if self.generators is None:
-            noise = torch.rand(scores.shape)
+            return torch.rand(shape)
+        u, per, threads = torch.empty(shape), shape[0] // len(self.generators), min(torch.get_num_threads(), len(self.generators))
+
+        inference = torch.is_inference_mode_enabled()  # thread-local: the drawing threads take the caller's
+
+        def fill(first: int) -> None:
+            with torch.inference_mode(inference):
+                for i in range(first, len(self.generators), threads):
+                    torch.rand((per, shape[-1]), generator=self.generators[i], out=u[i * per:(i + 1) * per])
+
+        if threads > 1:
+            list(_draw_pool(threads).map(fill, range(threads)))
         else:
-            per = scores.shape[0] // len(self.generators)
-            noise = torch.cat([torch.rand((per, scores.shape[-1]), generator=g) for g in self.generators])
+            fill(0)
+        return u
+
+    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+        noise = self.uniforms(scores.shape)
+        if self.fused and scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2:
+            from slm_bench.infer.decode_kernel import decode_ops
+
+            ops = decode_ops()
+            if ops is not None:
+                return ops.gumbel_argmax(scores.contiguous(), noise)
         noise = noise.to(scores.device).clamp_min_(1e-20).log_().neg_().log_()  # in place: one [rows, vocab] buffer, not four
         return torch.sub(scores, noise, out=noise).argmax(dim=-1)
 
@@ -235,11 +270,11 @@ def request_seed(params: SamplingParams, index: int, prompt: Prompt) -> int | No
     return params.seed + index
 
 
-def make_noise(params: SamplingParams, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int]):
-    "The noise source for one batch of prompts (their token ids and their positions in the call)."
+def make_noise(params: SamplingParams, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int], fused: bool = True):
+    "The noise source for one batch of prompts (their token ids and their positions in the call); `fused`: see `PromptNoise`."
     if params.content_seeds:
         return SampleNoise(params.seed, prompts, params.n, params.first_sample)
-    return PromptNoise(params.seed, prompt_indices)
+    return PromptNoise(params.seed, prompt_indices, fused)
 
 # %% ../../nbs/infer/01_sampling.ipynb #629d3a88
 def sample_from_logits(logits: torch.Tensor, params: SamplingParams, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -538,7 +573,8 @@ def _generate(self: HFSampler, prompts: Sequence[Prompt], params: SamplingParams
     for batch in batches:
         follow_thread_budget()
         batch_prompts = [token_prompts[i] for i in batch]
-        for i, completions in zip(batch, run(batch_prompts, params, make_noise(params, batch_prompts, batch))):
+        noise = make_noise(params, batch_prompts, batch, fused=self.lean is None or self.lean.fused)  # eager attention: all eager
+        for i, completions in zip(batch, run(batch_prompts, params, noise)):
             results[i] = completions
         bar.update(len(batch))
     bar.close()
