@@ -266,3 +266,21 @@ def test_the_fused_pick_draws_what_the_torch_pick_draws_on_any_thread_count():
     assert torch.equal(fused_picks, torch_picks)
     assert torch.equal(torch_picks, (scores - one_thread.clamp_min(1e-20).log().neg().log()).argmax(-1))
     assert (torch_picks[::3] < 40).all()
+
+
+def test_the_fused_inverse_cdf_pick_draws_what_its_torch_ops_draw():
+    "SampleNoise (content seeds, PTS's rollouts): the compiled inverse-CDF pick against softmax, cumsum and searchsorted, over several steps."
+    from slm_bench.infer.sampling import SampleNoise
+
+    g = torch.Generator().manual_seed(6)
+    prompts = [[5, 6, 7], [9], [11, 12]]
+    fused, plain = SampleNoise(4, prompts, 8, fused=True), SampleNoise(4, prompts, 8, fused=False)
+    drawn = []
+    for step in range(5):
+        scores = torch.randn(24, 301, generator=g) * (1 + step)  # flatter and sharper rows
+        scores[::4, 30:] = float("-inf")
+        picks = fused.pick(scores)
+        assert torch.equal(picks, plain.pick(scores)), step
+        assert (picks[::4] < 30).all()
+        drawn.append(picks)
+    assert len({tuple(p.tolist()) for p in drawn}) == 5  # the steps draw afresh

@@ -236,11 +236,14 @@ def counter_uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
 
 # %% ../../nbs/infer/01_sampling.ipynb #b767f593
 class SampleNoise:
-    "Inverse-CDF draws from one counter-based uniform per (prompt content, sample index, step); rows are prompt-major."
+    """Inverse-CDF draws from one counter-based uniform per (prompt content, sample index, step); rows are prompt-major.
+    With `fused` (the default) float32 CPU scores are picked by the compiled `inverse_cdf_pick` (`infer.decode_kernel`)
+    where it builds; the torch ops below are its specification."""
 
-    def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0):
+    def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0, fused: bool = True):
         self.keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
         self.step = 0
+        self.fused = fused
 
     def keep(self, prompt_positions: Sequence[int], n: int) -> None:
         "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
@@ -254,6 +257,12 @@ class SampleNoise:
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         u = counter_uniform(self.keys, self.step).to(scores.device)
         self.step += 1
+        if self.fused and scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2:
+            from slm_bench.infer.decode_kernel import decode_ops
+
+            ops = decode_ops()
+            if ops is not None:
+                return ops.inverse_cdf_pick(scores.contiguous(), u)
         cdf = scores.double().softmax(dim=-1).cumsum(dim=-1)
         cdf = cdf / cdf[:, -1:]  # guard against rounding: the last entry is exactly 1
         return torch.searchsorted(cdf, u[:, None]).clamp_max(scores.shape[-1] - 1)[:, 0]
@@ -271,9 +280,9 @@ def request_seed(params: SamplingParams, index: int, prompt: Prompt) -> int | No
 
 
 def make_noise(params: SamplingParams, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int], fused: bool = True):
-    "The noise source for one batch of prompts (their token ids and their positions in the call); `fused`: see `PromptNoise`."
+    "The noise source for one batch of prompts (their token ids and their positions in the call); `fused`: see `PromptNoise` and `SampleNoise`."
     if params.content_seeds:
-        return SampleNoise(params.seed, prompts, params.n, params.first_sample)
+        return SampleNoise(params.seed, prompts, params.n, params.first_sample, fused)
     return PromptNoise(params.seed, prompt_indices, fused)
 
 # %% ../../nbs/infer/01_sampling.ipynb #629d3a88

@@ -1,5 +1,5 @@
 // The elementwise parts of slm_bench's lean decode step, each fused into one pass: RoPE with the cache write, the
-// residual add with RMSNorm, SiLU times the up projection, and the Gumbel-max pick of a sampled token. Built with
+// residual add with RMSNorm, SiLU times the up projection, and the pick of a sampled token (Gumbel-max or inverse CDF). Built with
 // decode_attention.cpp and documented by nbs/infer/06_decode_kernel.ipynb (slm_bench.infer.decode_kernel), whose
 // plain-torch specifications these match.
 
@@ -161,6 +161,41 @@ at::Tensor gumbel_argmax(const at::Tensor& scores, const at::Tensor& u) {
   return out;
 }
 
+// The first index whose cumulative softmax(scores) (in double, normalised by its last entry) reaches u, per row: an
+// inverse-CDF draw with one uniform u per row (torch: softmax, cumsum, divide, searchsorted).
+at::Tensor inverse_cdf_pick(const at::Tensor& scores, const at::Tensor& u) {
+  check_float(scores, "inverse_cdf_pick", "scores");
+  TORCH_CHECK(u.scalar_type() == at::kDouble && u.is_contiguous() && u.device().is_cpu(), "inverse_cdf_pick: u must be a contiguous float64 CPU tensor");
+  TORCH_CHECK(scores.dim() == 2 && u.dim() == 1 && u.size(0) == scores.size(0), "inverse_cdf_pick: scores [R, V] and u [R]");
+  const int64_t R = scores.size(0), V = scores.size(1);
+  at::Tensor out = at::empty({R}, scores.options().dtype(at::kLong));
+  const float* SC = scores.data_ptr<float>();
+  const double* U = u.data_ptr<double>();
+  int64_t* O = out.data_ptr<int64_t>();
+  over_rows(R, V, [&](int64_t begin, int64_t end) {
+    std::vector<double> buf(V);
+    double* __restrict__ p = buf.data();
+    for (int64_t r = begin; r < end; ++r) {
+      const float* __restrict__ s = SC + r * V;
+      float top = -FLT_MAX;
+      for (int64_t v = 0; v < V; ++v) top = s[v] > top ? s[v] : top;
+      double total = 0.0;
+#pragma omp simd reduction(+:total)
+      for (int64_t v = 0; v < V; ++v) { p[v] = exp(static_cast<double>(s[v]) - top); total += p[v]; }
+      double last = 0.0;
+      for (int64_t v = 0; v < V; ++v) { p[v] /= total; last += p[v]; }  // the cumulative sum's last entry
+      double running = 0.0;
+      int64_t pick = V - 1;
+      for (int64_t v = 0; v < V; ++v) {
+        running += p[v];
+        if (running / last >= U[r]) { pick = v; break; }
+      }
+      O[r] = pick;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(slm_bench, m) {
@@ -169,6 +204,7 @@ TORCH_LIBRARY_FRAGMENT(slm_bench, m) {
   m.def("add_rms_norm(Tensor(a!) x, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("gumbel_argmax(Tensor scores, Tensor u) -> Tensor");
+  m.def("inverse_cdf_pick(Tensor scores, Tensor u) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(slm_bench, CPU, m) {
@@ -177,4 +213,5 @@ TORCH_LIBRARY_IMPL(slm_bench, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("gumbel_argmax", &gumbel_argmax);
+  m.impl("inverse_cdf_pick", &inverse_cdf_pick);
 }
