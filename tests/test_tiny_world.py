@@ -69,9 +69,11 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     h, layers, ffn, vocab = (sft_config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
     forward = 2 * (layers * (4 * h * h + 3 * h * ffn) + vocab * h) + 2 * layers * 256 * h
     assert metrics["sft.train_gflops_per_s"] == pytest.approx(metrics["sft.tokens_per_s"] * 3 * forward / 1e9, rel=1e-3)
+    # the peak is fp32's; bf16 autocast (AVX512-BF16: a bf16 dot product does twice an fp32 FMA's FLOPs per cycle) may pass it
+    ceiling = 2 if resolve_precision("auto", CausalLM()) == "bf16" else 1
     for stage in ("pretrain", "sft"):
         assert metrics[f"{stage}.train_fraction_of_peak"] == round(metrics[f"{stage}.train_gflops_per_s"] / metrics["peak_gflops"], 4)
-        assert 0 < metrics[f"{stage}.train_fraction_of_peak"] < 1
+        assert 0 < metrics[f"{stage}.train_fraction_of_peak"] < ceiling, (stage, ceiling)
     index = (reports / "run" / "index.html").read_text()
     assert all(f"href='{name}.html'" in index for name in ("synth", "curate", "mixture", "pretrain", "sft", "verifier", "evaluate", "grid", "pts", "dpo"))
     assert index.count("<div class='about'>peak ") == len(peaks)
