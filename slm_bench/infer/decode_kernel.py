@@ -57,11 +57,11 @@ def _cpu_features() -> str:
 
 
 def kernel_build_dir() -> Path:
-    "Where this machine's build of the kernel is cached: `$SLM_BENCH_KERNEL_DIR` or ~/.cache/slm_bench/kernels, then a key."
+    "Where this machine's build of the kernels is cached: `$SLM_BENCH_KERNEL_DIR` or ~/.cache/slm_bench/kernels, then a key."
     key = hashlib.sha256("\n".join([*(source.read_text() for source in KERNEL_SOURCES), *KERNEL_FLAGS, *KERNEL_LDFLAGS, torch.__version__,
                                     _cpu_features()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("SLM_BENCH_KERNEL_DIR") or Path.home() / ".cache" / "slm_bench" / "kernels")
-    return root / f"decode_attention_{key}"
+    return root / f"decode_kernels_{key}"
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #0e3cd590
 @functools.cache
@@ -83,8 +83,8 @@ def _build() -> tuple[object | None, str | None]:
 
 def decode_ops():
     """`torch.ops.slm_bench`, the kernels' ops, built on first use (None when this machine cannot build them: see
-    `decode_kernel_problem`): `decode_attention`, and the step's elementwise parts `rope_qkv`, `rms_norm`, `add_rms_norm`,
-    `silu_mul` and `gumbel_argmax`."""
+    `decode_kernel_problem`): `decode_attention`, the step's elementwise parts `rope_qkv`, `rms_norm`, `add_rms_norm` and
+    `silu_mul`, and the sampled-token picks `gumbel_argmax` and `inverse_cdf_pick`."""
     return _build()[0]
 
 

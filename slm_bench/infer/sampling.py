@@ -154,6 +154,15 @@ def _draw_pool(threads: int):
     return ThreadPoolExecutor(threads, thread_name_prefix="slm-bench-draw")
 
 
+def _compiled_picks(scores: torch.Tensor, fused: bool):
+    "The compiled ops (`infer.decode_kernel`) when `fused` asks for them and `scores` are float32 [rows, vocab] on the CPU, else None (torch ops pick)."
+    if not (fused and scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2):
+        return None
+    from slm_bench.infer.decode_kernel import decode_ops
+
+    return decode_ops()
+
+
 class PromptNoise:
     """Gumbel-max draws with one torch generator per prompt (rows grouped by prompt); `seed=None` uses the global RNG.
     With `fused` (the default) float32 CPU scores are picked in one pass of the compiled `gumbel_argmax`
@@ -175,7 +184,6 @@ class PromptNoise:
         if self.generators is None:
             return torch.rand(shape)
         u, per, threads = torch.empty(shape), shape[0] // len(self.generators), min(torch.get_num_threads(), len(self.generators))
-
         inference = torch.is_inference_mode_enabled()  # thread-local: the drawing threads take the caller's
 
         def fill(first: int) -> None:
@@ -191,12 +199,9 @@ class PromptNoise:
 
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         noise = self.uniforms(scores.shape)
-        if self.fused and scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2:
-            from slm_bench.infer.decode_kernel import decode_ops
-
-            ops = decode_ops()
-            if ops is not None:
-                return ops.gumbel_argmax(scores.contiguous(), noise)
+        ops = _compiled_picks(scores, self.fused)
+        if ops is not None:
+            return ops.gumbel_argmax(scores.contiguous(), noise)
         noise = noise.to(scores.device).clamp_min_(1e-20).log_().neg_().log_()  # in place: one [rows, vocab] buffer, not four
         return torch.sub(scores, noise, out=noise).argmax(dim=-1)
 
@@ -257,12 +262,9 @@ class SampleNoise:
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
         u = counter_uniform(self.keys, self.step).to(scores.device)
         self.step += 1
-        if self.fused and scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2:
-            from slm_bench.infer.decode_kernel import decode_ops
-
-            ops = decode_ops()
-            if ops is not None:
-                return ops.inverse_cdf_pick(scores.contiguous(), u)
+        ops = _compiled_picks(scores, self.fused)
+        if ops is not None:
+            return ops.inverse_cdf_pick(scores.contiguous(), u)
         cdf = scores.double().softmax(dim=-1).cumsum(dim=-1)
         cdf = cdf / cdf[:, -1:]  # guard against rounding: the last entry is exactly 1
         return torch.searchsorted(cdf, u[:, None]).clamp_max(scores.shape[-1] - 1)[:, 0]

@@ -1,13 +1,13 @@
 // The elementwise parts of slm_bench's lean decode step, each fused into one pass: RoPE with the cache write, the
-// residual add with RMSNorm, SiLU times the up projection, and the pick of a sampled token (Gumbel-max or inverse CDF). Built with
-// decode_attention.cpp and documented by nbs/infer/06_decode_kernel.ipynb (slm_bench.infer.decode_kernel), whose
-// plain-torch specifications these match.
+// residual add with RMSNorm, SiLU times the up projection, and the pick of a sampled token (Gumbel-max or inverse
+// CDF). Built with decode_attention.cpp and documented by nbs/infer/06_decode_kernel.ipynb
+// (slm_bench.infer.decode_kernel), whose plain-torch specifications these match.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <cfloat>
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -31,8 +31,10 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
                     int64_t t, int64_t heads) {
   for (auto [tensor, name] : {std::pair{&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&kg, "kg"}, {&vg, "vg"}})
     check_float(*tensor, "rope_qkv", name);
+  TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && kg.dim() == 4,
+              "rope_qkv: qkv [N, (heads + 2 kv_heads) d], cos and sin [N, d], kg and vg [N, kv_heads, T, d]");
   const int64_t N = qkv.size(0), KVH = kg.size(1), T = kg.size(2), D = kg.size(3);
-  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * KVH) * D && kg.size(0) == N && vg.sizes() == kg.sizes(),
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * KVH) * D && kg.size(0) == N && vg.sizes() == kg.sizes(),
               "rope_qkv: qkv [N, (heads + 2 kv_heads) d], kg and vg [N, kv_heads, T, d]");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == N && cos.size(1) == D && D % 2 == 0,
               "rope_qkv: cos and sin [N, d] (rotary over the whole head)");
@@ -64,7 +66,8 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   return q;
 }
 
-inline void norm_row(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int64_t H, float eps) {
+inline void norm_row(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int64_t H,
+                     float eps) {
   float squares = 0.f;
 #pragma omp simd reduction(+:squares)
   for (int64_t i = 0; i < H; ++i) squares += x[i] * x[i];
@@ -165,7 +168,8 @@ at::Tensor gumbel_argmax(const at::Tensor& scores, const at::Tensor& u) {
 // inverse-CDF draw with one uniform u per row (torch: softmax, cumsum, divide, searchsorted).
 at::Tensor inverse_cdf_pick(const at::Tensor& scores, const at::Tensor& u) {
   check_float(scores, "inverse_cdf_pick", "scores");
-  TORCH_CHECK(u.scalar_type() == at::kDouble && u.is_contiguous() && u.device().is_cpu(), "inverse_cdf_pick: u must be a contiguous float64 CPU tensor");
+  TORCH_CHECK(u.scalar_type() == at::kDouble && u.is_contiguous() && u.device().is_cpu(),
+              "inverse_cdf_pick: u must be a contiguous float64 CPU tensor");
   TORCH_CHECK(scores.dim() == 2 && u.dim() == 1 && u.size(0) == scores.size(0), "inverse_cdf_pick: scores [R, V] and u [R]");
   const int64_t R = scores.size(0), V = scores.size(1);
   at::Tensor out = at::empty({R}, scores.options().dtype(at::kLong));
