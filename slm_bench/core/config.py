@@ -230,8 +230,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "smoke",
             "the smallest settings that still run every code path (tests)",
-            {"environment.sizes": [256, 512], "environment.repeats": 3,  # sizes large enough to reach the peak: training's fraction of it stays below 1
-             "environment.min_time_s": 0.01,
+            {"environment.sizes": [256, 512], "environment.repeats": 3, "environment.min_time_s": 0.01,  # 64 and 128 fell short of the peak
              "synth.n_train": 1500, "synth.n_test": 40, "synth.n_dev": 24, "synth.n_verifier": 30, "synth.n_prose": 200, "synth.n_code": 200,
              "mixture.vocab_size": 400, "mixture.tokenizer_texts": 1500, "mixture.budget_tokens": 60000,
              "pretrain.steps": 15, "pretrain.micro_batch_size": 8, "pretrain.warmup_steps": 3,
