@@ -36,7 +36,9 @@ def assert_steps_match(model, lean, name):
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     logits, prompt_cache = lean.prefill(ids, mask)
-    cache = lean.new_cache(len(prompts) * n, steps)
+    cache = lean.new_cache(len(prompts) * n, steps, n)
+    assert cache[0][0].shape == ((len(prompts), kv_heads_of(model), steps, n, lean.head_dim) if lean.fused  # time-major for the kernel
+                                 else (len(prompts) * n, kv_heads_of(model), steps, lean.head_dim))
     g = torch.Generator().manual_seed(0)
     sequences = [list(p) for p in prompts for _ in range(n)]
     logits = logits.repeat_interleave(n, 0)
@@ -50,6 +52,10 @@ def assert_steps_match(model, lean, name):
         for row, seq in enumerate(sequences):
             seq.append(int(token[row]))
         logits = lean.step(token, positions + t, prompt_cache, mask, cache, t, n)
+
+
+def kv_heads_of(model) -> int:
+    return model.config.num_key_value_heads
 
 
 def test_weights_changed_in_place_are_picked_up():

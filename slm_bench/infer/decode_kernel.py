@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['KERNEL_SOURCES', 'KERNEL_FLAGS', 'KERNEL_LDFLAGS', 'decode_attention_reference', 'kernel_build_dir', 'decode_ops',
-           'decode_attention_op', 'decode_kernel_problem']
+__all__ = ['KERNEL_SOURCES', 'KERNEL_FLAGS', 'KERNEL_LDFLAGS', 'decode_attention_reference', 'time_major', 'row_major',
+           'kernel_build_dir', 'decode_ops', 'decode_attention_op', 'decode_kernel_problem']
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #1e817a09
 def decode_attention_reference(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, keep: torch.Tensor,
@@ -36,6 +36,18 @@ def decode_attention_reference(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tens
     visible = torch.cat([keep[prompt_of], torch.ones(N, written, dtype=torch.bool)], dim=1)[:, None]
     weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return (weights[:, :, None] @ v)[:, :, 0]
+
+
+def time_major(gen: torch.Tensor, n: int) -> torch.Tensor:
+    "A generated cache [B·n, kv_heads, T, d] (row-major, as the specification reads it) laid out as the kernels keep it: [B, kv_heads, T, n, d]."
+    N, kv, T, d = gen.shape
+    return gen.view(N // n, n, kv, T, d).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def row_major(gen: torch.Tensor) -> torch.Tensor:
+    "The inverse of `time_major`: [B, kv_heads, T, n, d] back to [B·n, kv_heads, T, d]."
+    B, kv, T, n, d = gen.shape
+    return gen.permute(0, 3, 1, 2, 4).reshape(B * n, kv, T, d)
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #99637c41
 KERNEL_SOURCES = tuple(resources.files("slm_bench.infer") / "csrc" / name for name in ("decode_attention.cpp", "decode_step.cpp"))

@@ -179,11 +179,23 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
 LeanDecoder.prefill = _prefill
 
 # %% ../../nbs/infer/00_lean.ipynb #29af0421
-def _new_cache(self: LeanDecoder, rows: int, max_new: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    "A preallocated per-layer cache for `rows` sequences of up to `max_new` generated tokens."
-    shape = (rows, self.n_kv, max(max_new, 1), self.head_dim)
+def _new_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A preallocated per-layer cache for `rows` sequences (prompts × `n` samples, prompt-major) of up to `max_new`
+    generated tokens: `[rows, kv_heads, T, d]`, or with the fused attention time-major, `[rows // n, kv_heads, T, n, d]`
+    (a prompt's n samples side by side at each position: the layout its kernel streams through)."""
+    T = max(max_new, 1)
+    shape = (rows // n, self.n_kv, T, n, self.head_dim) if self.fused else (rows, self.n_kv, T, self.head_dim)
     return [(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device),
              torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
+
+
+def _write_generated(self: LeanDecoder, cache: torch.Tensor, t: int, x: torch.Tensor) -> None:
+    "Store x [N, kv_heads, d] at generated position `t` of a cache `new_cache` made (either layout)."
+    if cache.dim() == 5:  # time-major [B, kv_heads, T, n, d]
+        B, kvh, _, n, d = cache.shape
+        cache[:, :, t] = x.view(B, n, kvh, d).transpose(1, 2)
+    else:
+        cache[:, :, t] = x
 
 
 def _eager_attention(self: LeanDecoder, q, kp, vp, hide, kg, vg, t: int, n: int) -> torch.Tensor:
@@ -219,8 +231,8 @@ def _step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor, prom
     for (norm1, qkv_w, o_w, norm2, gate_up, down), (kp, vp), (kg, vg) in zip(self.layers, prompt_cache, gen_cache):
         q, k, v = self._split_qkv(_rms_norm(x, norm1, self.eps) @ qkv_w.T)
         q = self._apply_rope(q.view(N, h, hd), cos, sin)
-        kg[:, :, t] = self._apply_rope(k.view(N, kvh, hd), cos, sin)
-        vg[:, :, t] = v.view(N, kvh, hd)
+        self._write_generated(kg, t, self._apply_rope(k.view(N, kvh, hd), cos, sin))
+        self._write_generated(vg, t, v.view(N, kvh, hd))
         if self.fused:
             out = self._ops.decode_attention(q.contiguous(), kp, vp, keep, kg, vg, t + 1, n, self.scale)
         else:
@@ -248,4 +260,4 @@ def _fused_step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor
 
 
 LeanDecoder._eager_attention, LeanDecoder._fused_step = _eager_attention, _fused_step
-LeanDecoder.new_cache, LeanDecoder.step = _new_cache, _step
+LeanDecoder.new_cache, LeanDecoder._write_generated, LeanDecoder.step = _new_cache, _write_generated, _step

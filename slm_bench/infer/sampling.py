@@ -449,7 +449,7 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
     logits, prompt_cache = self.lean.prefill(ids, mask)
     logits = logits.repeat_interleave(n, dim=0)
     positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
-    gen_cache = self.lean.new_cache(N, max_new)
+    gen_cache = self.lean.new_cache(N, max_new, n)
     rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
     active = [True] * N
     window = max((len(s) for s in params.stop), default=0) + 8
@@ -504,7 +504,8 @@ def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_c
     kept = torch.tensor(keep, device=self.device)
     kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
     prompt_cache = [(_compact(k, kept), _compact(v, kept)) for k, v in prompt_cache]
-    gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
+    gen_kept = kept if gen_cache[0][0].dim() == 5 else kept_rows  # a time-major cache [B, kv_heads, T, n, d] keeps prompts
+    gen_cache = [(_compact(k, gen_kept, written), _compact(v, gen_kept, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     rows = [rows[i] for i in kept_rows.tolist()]
     active = [active[i] for i in kept_rows.tolist()]
@@ -516,7 +517,11 @@ def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_ca
     kept_rows = torch.tensor(alive, device=self.device)
     prompt_of = kept_rows // n
     prompt_cache = [(k.index_select(0, prompt_of), v.index_select(0, prompt_of)) for k, v in prompt_cache]
-    gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
+    if gen_cache[0][0].dim() == 5:  # time-major [B, kv_heads, T, n, d]: each row becomes a prompt of one sample
+        sample_of = kept_rows % n
+        gen_cache = [(k[prompt_of, :, :, sample_of].unsqueeze(3), v[prompt_of, :, :, sample_of].unsqueeze(3)) for k, v in gen_cache]
+    else:
+        gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, prompt_of), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     return prompt_cache, gen_cache, mask, token, positions, [rows[r] for r in alive], [True] * len(alive)
 
