@@ -17,6 +17,7 @@ namespace {
 
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
 constexpr int64_t KEY_BLOCK = 4;  // prompt keys' scores are computed 4 × 16 at a time, in registers
+constexpr int64_t POSITION_MAJOR_QUERIES = 8;  // a task with this many queries reads its generated cache position by position
 
 inline v16 load(const float* x) { v16 v; std::memcpy(&v, x, sizeof v); return v; }
 inline void store(float* x, v16 v) { std::memcpy(x, &v, sizeof v); }
@@ -43,36 +44,38 @@ void scores_transposed(const float* __restrict__ q, const float* __restrict__ kt
   }
 }
 
-// out = sum_i w[i] * rows[i] over `count` rows of width D (row-major), added to out.
+// out = sum_i w[i] * rows[i] over `count` rows of width D, `stride` floats apart, added to out.
 template <int64_t DC>
-void weighted_rows(const float* __restrict__ w, const float* __restrict__ rows, int64_t count, int64_t D, float* __restrict__ out) {
+void weighted_rows(const float* __restrict__ w, const float* __restrict__ rows, int64_t count, int64_t D, int64_t stride,
+                   float* __restrict__ out) {
   if constexpr (DC > 0) {
     v16 acc[DC / 16];
     for (int64_t j = 0; j < DC / 16; ++j) acc[j] = load(out + 16 * j);
     for (int64_t i = 0; i < count; ++i)
-      for (int64_t j = 0; j < DC / 16; ++j) acc[j] += w[i] * load(rows + i * DC + 16 * j);
+      for (int64_t j = 0; j < DC / 16; ++j) acc[j] += w[i] * load(rows + i * stride + 16 * j);
     for (int64_t j = 0; j < DC / 16; ++j) store(out + 16 * j, acc[j]);
   } else {
     for (int64_t i = 0; i < count; ++i)
-      for (int64_t k = 0; k < D; ++k) out[k] += w[i] * rows[i * D + k];
+      for (int64_t k = 0; k < D; ++k) out[k] += w[i] * rows[i * stride + k];
   }
 }
 
-// p[u] = q . keys[u] for `count` row-major keys of width D.
+// p[u] = q . keys[u] for `count` keys of width D, `stride` floats apart.
 template <int64_t DC>
-void scores_rows(const float* __restrict__ q, const float* __restrict__ keys, int64_t count, int64_t D, float* __restrict__ p) {
+void scores_rows(const float* __restrict__ q, const float* __restrict__ keys, int64_t count, int64_t D, int64_t stride,
+                 float* __restrict__ p) {
   if constexpr (DC > 0) {
     v16 qv[DC / 16];
     for (int64_t j = 0; j < DC / 16; ++j) qv[j] = load(q + 16 * j);
     for (int64_t u = 0; u < count; ++u) {
-      v16 acc = qv[0] * load(keys + u * DC);
-      for (int64_t j = 1; j < DC / 16; ++j) acc += qv[j] * load(keys + u * DC + 16 * j);
+      v16 acc = qv[0] * load(keys + u * stride);
+      for (int64_t j = 1; j < DC / 16; ++j) acc += qv[j] * load(keys + u * stride + 16 * j);
       p[u] = sum(acc);
     }
   } else {
     for (int64_t u = 0; u < count; ++u) {
       float acc = 0.f;
-      for (int64_t k = 0; k < D; ++k) acc += q[k] * keys[u * D + k];
+      for (int64_t k = 0; k < D; ++k) acc += q[k] * keys[u * stride + k];
       p[u] = acc;
     }
   }
@@ -151,8 +154,14 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
           scores_transposed_multi<DC, QB>(qs, kpt, L, ps);
         }
       for (int64_t j = j0; j < QN; ++j) scores_transposed<DC>(query(j), kpt, D, L, scores(j));
-      for (int64_t u = 0; u < written; ++u)
-        for (int64_t j = 0; j < QN; ++j) scores_rows<DC>(query(j), kg + (u * n + j / G) * D, 1, D, scores(j) + L + u);
+      // generated keys: position by position over the task's queries (one stream), or with few queries (too few
+      // independent sums to hide a sum's latency) query by query, each over its own positions n·D floats apart
+      const bool by_position = QN >= POSITION_MAJOR_QUERIES;
+      if (by_position)
+        for (int64_t u = 0; u < written; ++u)
+          for (int64_t j = 0; j < QN; ++j) scores_rows<DC>(query(j), kg + (u * n + j / G) * D, 1, D, D, scores(j) + L + u);
+      else
+        for (int64_t j = 0; j < QN; ++j) scores_rows<DC>(query(j), kg + (j / G) * D, written, D, n * D, scores(j) + L);
       for (int64_t j = 0; j < QN; ++j) {
         float* __restrict__ p = scores(j);
         float m = -FLT_MAX;
@@ -172,9 +181,12 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
           for (int qb = 0; qb < QB; ++qb) { ws[qb] = scores(j0 + qb); os[qb] = output(j0 + qb); }
           weighted_rows_multi<DC, QB>(ws, vp, L, os);
         }
-      for (int64_t j = j0; j < QN; ++j) weighted_rows<DC>(scores(j), vp, L, D, output(j));
-      for (int64_t u = 0; u < written; ++u)
-        for (int64_t j = 0; j < QN; ++j) weighted_rows<DC>(scores(j) + L + u, vg + (u * n + j / G) * D, 1, D, output(j));
+      for (int64_t j = j0; j < QN; ++j) weighted_rows<DC>(scores(j), vp, L, D, D, output(j));
+      if (by_position)
+        for (int64_t u = 0; u < written; ++u)
+          for (int64_t j = 0; j < QN; ++j) weighted_rows<DC>(scores(j) + L + u, vg + (u * n + j / G) * D, 1, D, D, output(j));
+      else
+        for (int64_t j = 0; j < QN; ++j) weighted_rows<DC>(scores(j) + L, vg + (j / G) * D, written, D, n * D, output(j));
       for (int64_t j = 0; j < QN; ++j) {
         float* o = output(j);
         for (int64_t k = 0; k < D; ++k) o[k] *= inv[j];
