@@ -5,10 +5,15 @@ with NCCL through the same accelerate code path; each process takes its share of
 step's micro-batches.
 """
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -49,7 +54,8 @@ def test_the_engine_launches_ddp_and_fsdp_itself_and_trains_what_one_process_tra
     trained, last = {}, {}
     for strategy in ("single", "ddp", "fsdp"):
         model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=64), seed=0)
-        config = TrainConfig(steps=3, micro_batch_size=4, grad_accum=2, progress=False, strategy=strategy, processes=2)
+        config = TrainConfig(steps=3, micro_batch_size=4, grad_accum=2, progress=False, strategy=strategy, processes=2,
+                             launch_timeout_s=600)  # a stuck launch fails this test instead of holding the suite
         trainer = Trainer(model, CausalLM(), PackedRows(rows, 4, 0), config, tmp_path / strategy, tokenizer)
         last[strategy] = trainer.train(resume=False)
         assert trainer.trained_model() is model and trainer.step == 3  # the notebook's own model object holds the result
@@ -64,3 +70,91 @@ def test_the_engine_launches_ddp_and_fsdp_itself_and_trains_what_one_process_tra
     assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \
         ("FSDP", 2, "LlamaDecoderLayer")
     assert yaml.safe_load((tmp_path / "ddp" / "launch" / "accelerate.yaml").read_text())["distributed_type"] == "MULTI_GPU"
+
+
+def _running_with(text: str) -> list[int]:
+    "The processes now running (zombies left out) whose command line contains `text`."
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # exited while we looked
+            continue
+        if text in command and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def _endless_ddp_trainer(out: Path, launch_timeout_s: float):
+    "A 2-process DDP trainer of a tiny model for 100,000 steps: far longer than any test waits."
+    from slm_bench.lm.models import create_model, get_preset
+    from slm_bench.lm.packing import pack, text_example
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.train.engine import CausalLM, PackedRows, TrainConfig, Trainer
+
+    corpus = [f"Tom has {a} apples." for a in range(2, 60)]
+    tokenizer = train_tokenizer(corpus, vocab_size=300)
+    rows = pack([text_example(tokenizer, t) for t in corpus], seq_len=16, pad_id=tokenizer.pad_token_id)
+    model = create_model(get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=32), seed=0)
+    config = TrainConfig(steps=100_000, micro_batch_size=2, progress=False, strategy="ddp", processes=2,
+                         launch_timeout_s=launch_timeout_s)
+    return Trainer(model, CausalLM(), PackedRows(rows, 2, 0), config, out, tokenizer)
+
+
+def test_a_launch_past_its_time_limit_is_stopped_with_every_process_it_started(tmp_path):
+    """A launched run (100,000 steps: far longer than its limit) that outlives `launch_timeout_s` raises `TimeoutError`
+    naming the limit, and leaves none of its processes running: the launcher and both trainers, all seen before the
+    limit, are gone when `train()` returns."""
+    trainer = _endless_ddp_trainer(tmp_path / "run", launch_timeout_s=30)
+    folder = str(tmp_path / "run" / "launch")
+    most, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            most[0] = max(most[0], len(_running_with(folder)))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(TimeoutError, match=r"did not finish within launch_timeout_s=30 s, so its processes were stopped"):
+            trainer.train(resume=False)
+    finally:
+        done.set()
+        watcher.join()
+    assert most[0] == 3  # accelerate's launcher and the two training processes ran before the limit
+    assert _running_with(folder) == []
+    assert not (tmp_path / "run" / "launch" / "result.json").exists() and trainer.step == 0
+
+
+def test_training_processes_stop_when_their_launcher_is_killed(tmp_path):
+    """SIGKILL gives accelerate's launcher no chance to stop its training processes (each in a session of its own):
+    they stop themselves (`stop_with_parent`), so nothing trains on once `train()` has reported the dead launcher."""
+    trainer = _endless_ddp_trainer(tmp_path / "run", launch_timeout_s=120)
+    folder = str(tmp_path / "run" / "launch")
+    killed = []
+
+    def kill_the_launcher_once_both_train():
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline and not killed:
+            running = _running_with(folder)
+            trainers = _running_with(f"-m slm_bench.train.launch {folder}")  # the launcher has --module
+            launchers = [pid for pid in running if pid not in trainers]
+            if len(trainers) == 2 and len(launchers) == 1 and (tmp_path / "run" / "metrics.jsonl").exists():
+                os.kill(launchers[0], signal.SIGKILL)
+                killed.append(launchers[0])
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_the_launcher_once_both_train)
+    killer.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"failed with exit code -9"):
+            trainer.train(resume=False)
+    finally:
+        killer.join()
+    assert len(killed) == 1
+    deadline = time.monotonic() + 10  # SIGTERM reaches them at once; exiting takes a moment
+    while _running_with(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running_with(folder) == []

@@ -57,6 +57,7 @@ class TrainConfig:
     strategy: str | None = None  # single | ddp | fsdp; None: SLM_BENCH_TRAIN_STRATEGY, else single (see `train.launch`)
     processes: int | None = None  # processes for ddp/fsdp; None: SLM_BENCH_TRAIN_PROCESSES, else every GPU (or core)
     compile: bool = False  # torch.compile the model's forward (and so its backward) in place; ours, opt-in: see `Trainer`
+    launch_timeout_s: float | None = None  # ddp/fsdp from one process: stop the launched processes after this long; None: no limit
 
     def __post_init__(self):
         if self.steps < 1 or self.micro_batch_size < 1 or self.grad_accum < 1:
@@ -67,6 +68,8 @@ class TrainConfig:
             raise BadInput(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
         if self.strategy not in (None, "single", "ddp", "fsdp"):
             raise BadInput(f"strategy must be single, ddp or fsdp, got {self.strategy!r}")
+        if self.launch_timeout_s is not None and not self.launch_timeout_s > 0:
+            raise BadInput(f"launch_timeout_s must be a positive number of seconds or None, got {self.launch_timeout_s!r}")
         if not 0 <= self.warmup_steps <= self.steps:
             raise BadInput(f"warmup_steps must be between 0 and steps ({self.steps}), got {self.warmup_steps}")
         self.betas, self.checkpoint_at = tuple(self.betas), tuple(sorted(set(self.checkpoint_at)))

@@ -6,8 +6,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -18,7 +21,8 @@ from ..core.store import atomic_write_json, read_json
 
 # %% auto #0
 __all__ = ['STRATEGIES', 'STRATEGY_ENV', 'PROCESSES_ENV', 'LAUNCH_DIR', 'in_launched_process', 'resolve_strategy',
-           'decoder_layer_class', 'accelerate_config', 'launched_accumulation', 'free_port', 'launch_training', 'main']
+           'decoder_layer_class', 'accelerate_config', 'launched_accumulation', 'free_port', 'stop_process_group',
+           'launch_training', 'stop_with_parent', 'main']
 
 # %% ../../nbs/train/05_launch.ipynb #2214fb81
 STRATEGIES = ("single", "ddp", "fsdp")
@@ -93,8 +97,33 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
+# %% ../../nbs/train/05_launch.ipynb #7d2f4e91
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    "Stop `proc` (started with `start_new_session=True`) and every process in its group: SIGTERM, then SIGKILL after `grace_s`."
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:  # nothing left in the group
+        return
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever ignored SIGTERM or outlived the launcher
+        proc.wait(grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+
 # %% ../../nbs/train/05_launch.ipynb #80a2e02a
 LAUNCH_DIR = "launch"
+
+
+def _follow(stream, tail: deque, echo: bool) -> None:
+    "Keep the launched processes' last lines in `tail`; print every line if `echo`, else only errors."
+    for line in stream:
+        tail.append(line.rstrip())
+        if echo or "Error" in line:
+            print(line, end="", flush=True)
 
 
 def _accelerate_command() -> list[str]:
@@ -130,11 +159,26 @@ def launch_training(trainer, resume: bool, log=print) -> dict:
            f"{trainer.processes})" if factor > 1 else ""))
     command = [*_accelerate_command(), "--config_file", str(config_file), "--module", "slm_bench.train.launch", str(folder)]
     tail: deque[str] = deque(maxlen=40)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            if trainer.config.progress or "Error" in line:
-                print(line, end="", flush=True)
+    limit = trainer.config.launch_timeout_s
+    # a process group of its own, so a time limit or an interrupt stops the launcher and what it started (see
+    # `stop_process_group`); its output is followed in a thread, so the wait ends when the launcher does
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    reader = threading.Thread(target=_follow, args=(proc.stdout, tail, trainer.config.progress), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        if proc.poll() is None:  # out of time, or interrupted: no process is left training
+            stop_process_group(proc, grace_s=45)  # torch elastic gives its workers 30 s to stop on SIGTERM
+    reader.join(timeout=30)  # its last lines; a process that kept the pipe open cannot hold this call
+    if timed_out:
+        raise TimeoutError(f"training under accelerate launch ({trainer.strategy}, {trainer.processes} processes) did not finish "
+                           f"within launch_timeout_s={limit:g} s, so its processes were stopped; raise TrainConfig.launch_timeout_s "
+                           f"if the run needs longer. Its last lines:\n" + "\n".join(tail))
     result = read_json(folder / "result.json", None)
     if proc.returncode != 0 or result is None:
         raise RuntimeError(f"training under accelerate launch ({trainer.strategy}, {trainer.processes} processes) failed with exit "
@@ -145,11 +189,27 @@ def launch_training(trainer, resume: bool, log=print) -> dict:
     trainer.step, trainer.tokens_seen = result["step"], result["tokens_seen"]
     return {**result, "global_batch_factor": factor}
 
+# %% ../../nbs/train/05_launch.ipynb #d2b7f3a8
+def stop_with_parent(sig: int = signal.SIGTERM) -> bool:
+    "Linux: have the kernel send this process `sig` when its parent dies, however it dies; False where that is not available."
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig)) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
 # %% ../../nbs/train/05_launch.ipynb #b4b12e3a
 def main(folder: str | Path) -> None:
     "One process of a launched training run (`python -m slm_bench.train.launch FOLDER` under accelerate launch)."
     from slm_bench.train.engine import Trainer
 
+    stop_with_parent()
     folder = Path(folder)
     parts = torch.load(folder / "bundle.pt", weights_only=False)
     trainer = Trainer(parts["model"], parts["objective"], parts["data"], parts["config"], parts["out"], parts["tokenizer"])
