@@ -158,3 +158,25 @@ def test_training_processes_stop_when_their_launcher_is_killed(tmp_path):
     while _running_with(folder) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _running_with(folder) == []
+
+
+def test_a_killed_caller_takes_its_launched_run_along(tmp_path):
+    """A stage kernel killed mid-training (SIGKILL, as the runner's stall watchdog and Ctrl-C do) leaves nothing
+    training: its launcher stops with it (`stop_with_parent`), and stops the training processes."""
+    out = tmp_path / "run"
+    folder = str(out / "launch")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+            f"from test_train_distributed import _endless_ddp_trainer; "
+            f"_endless_ddp_trainer(Path({str(out)!r}), launch_timeout_s=120).train(resume=False)")
+    caller = subprocess.Popen([sys.executable, "-c", code])
+    training = lambda: _running_with(f"-m slm_bench.train.launch {folder}")
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline and not (len(training()) == 2 and (out / "metrics.jsonl").exists()):
+        time.sleep(0.1)
+    assert len(training()) == 2 and len(_running_with(folder)) == 3  # the launcher and both training processes
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 30
+    while _running_with(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running_with(folder) == []

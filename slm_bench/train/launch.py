@@ -127,8 +127,9 @@ def _follow(stream, tail: deque, echo: bool) -> None:
 
 
 def _accelerate_command() -> list[str]:
-    beside = Path(sys.executable).parent / "accelerate"
-    return [str(beside), "launch"] if beside.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+    "`accelerate launch`, in a Python that first asks to stop with this process (`stop_with_parent`): a killed kernel takes it along."
+    return [sys.executable, "-c", "from slm_bench.train.launch import stop_with_parent; stop_with_parent(); "
+                                  "from accelerate.commands.launch import main; main()"]
 
 
 def launch_training(trainer, resume: bool, log=print) -> dict:
