@@ -86,6 +86,16 @@ def _running_with(text: str) -> list[int]:
     return found
 
 
+def _wait_until(condition, within_s: float) -> bool:
+    "Poll `condition()` every 0.1 s until it holds or `within_s` has passed; whether it held."
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _endless_ddp_trainer(out: Path, launch_timeout_s: float):
     "A 2-process DDP trainer of a tiny model for 100,000 steps: far longer than any test waits."
     from slm_bench.lm.models import create_model, get_preset
@@ -135,16 +145,16 @@ def test_training_processes_stop_when_their_launcher_is_killed(tmp_path):
     folder = str(tmp_path / "run" / "launch")
     killed = []
 
+    def launchers_once_both_train() -> list[int]:
+        trainers = _running_with(f"-m slm_bench.train.launch {folder}")  # the launcher has --module
+        launchers = [pid for pid in _running_with(folder) if pid not in trainers]
+        return launchers if len(trainers) == 2 and (tmp_path / "run" / "metrics.jsonl").exists() else []
+
     def kill_the_launcher_once_both_train():
-        deadline = time.monotonic() + 100
-        while time.monotonic() < deadline and not killed:
-            running = _running_with(folder)
-            trainers = _running_with(f"-m slm_bench.train.launch {folder}")  # the launcher has --module
-            launchers = [pid for pid in running if pid not in trainers]
-            if len(trainers) == 2 and len(launchers) == 1 and (tmp_path / "run" / "metrics.jsonl").exists():
-                os.kill(launchers[0], signal.SIGKILL)
-                killed.append(launchers[0])
-            time.sleep(0.1)
+        if _wait_until(lambda: len(launchers_once_both_train()) == 1, within_s=100):
+            launcher = launchers_once_both_train()[0]
+            os.kill(launcher, signal.SIGKILL)
+            killed.append(launcher)
 
     killer = threading.Thread(target=kill_the_launcher_once_both_train)
     killer.start()
@@ -154,9 +164,7 @@ def test_training_processes_stop_when_their_launcher_is_killed(tmp_path):
     finally:
         killer.join()
     assert len(killed) == 1
-    deadline = time.monotonic() + 10  # SIGTERM reaches them at once; exiting takes a moment
-    while _running_with(folder) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until(lambda: not _running_with(folder), within_s=10)  # SIGTERM reaches them at once; exiting takes a moment
     assert _running_with(folder) == []
 
 
@@ -170,13 +178,9 @@ def test_a_killed_caller_takes_its_launched_run_along(tmp_path):
             f"_endless_ddp_trainer(Path({str(out)!r}), launch_timeout_s=120).train(resume=False)")
     caller = subprocess.Popen([sys.executable, "-c", code])
     training = lambda: _running_with(f"-m slm_bench.train.launch {folder}")
-    deadline = time.monotonic() + 100
-    while time.monotonic() < deadline and not (len(training()) == 2 and (out / "metrics.jsonl").exists()):
-        time.sleep(0.1)
+    _wait_until(lambda: len(training()) == 2 and (out / "metrics.jsonl").exists(), within_s=100)
     assert len(training()) == 2 and len(_running_with(folder)) == 3  # the launcher and both training processes
     caller.kill()
     caller.wait()
-    deadline = time.monotonic() + 30
-    while _running_with(folder) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until(lambda: not _running_with(folder), within_s=30)
     assert _running_with(folder) == []
