@@ -37,7 +37,7 @@ def assert_steps_match(model, lean, name):
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     logits, prompt_cache = lean.prefill(ids, mask)
     cache = lean.new_cache(len(prompts) * n, steps, n)
-    assert cache[0][0].shape == ((len(prompts), kv_heads_of(model), steps, n, lean.head_dim) if lean.fused  # time-major for the kernel
+    assert cache[0][0].shape == ((len(prompts), kv_heads_of(model), steps, lean.head_dim, n) if lean.fused  # time-major, samples innermost
                                  else (len(prompts) * n, kv_heads_of(model), steps, lean.head_dim))
     g = torch.Generator().manual_seed(0)
     sequences = [list(p) for p in prompts for _ in range(n)]

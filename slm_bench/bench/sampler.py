@@ -13,7 +13,7 @@ from .timing import interleaved, matmul_peak, ratio_spread
 from ..lm.models import create_model, flops_per_token, get_preset
 
 # %% auto #0
-__all__ = ['SAMPLER_SHAPES', 'bench_sampler_shape', 'bench_sampler']
+__all__ = ['SAMPLER_SHAPES', 'CONTENT_SEEDED_SHAPES', 'bench_sampler_shape', 'bench_sampler']
 
 # %% ../../nbs/bench/01_sampler.ipynb #37060fa0
 def _word_tokenizer(vocab_size: int):
@@ -48,21 +48,25 @@ SAMPLER_SHAPES = {  # name: (prompts, prompt_len, samples per prompt, new_tokens
     "plain": (16, 32, 1, 128),
     "eval": (128, 64, 1, 96),  # the stages' evaluations: many prompts, one sample each, a prompt cache per row
 }
+CONTENT_SEEDED_SHAPES = ("PTS",)  # drawn as `methods.pts` draws its rollouts: content seeds, one uniform per sample and step
 
 
 def _shape_label(prompts: int, prompt_len: int, samples: int, new_tokens: int) -> str:
     return f"{samples} sample{'s' if samples > 1 else ''} per {prompt_len}-token prompt, {new_tokens} new tokens, {prompts} prompts"
 
 
-def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int, new_tokens: int, runs: int, seed: int = 0) -> dict:
-    "New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios; and, where the fused decode kernels build, ours with them against ours with the eager step (torch ops throughout)."
+def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int, new_tokens: int, runs: int, seed: int = 0,
+                        content_seeds: bool = False) -> dict:
+    """New tokens/s of `HFSampler` (lean) against `model.generate` on one workload shape, with the per-repeat ratios; and, where
+    the fused decode kernels build, ours with them against ours with the eager step (torch ops throughout). `content_seeds`:
+    ours draws as `SamplingParams(content_seeds=True)` does (see `CONTENT_SEEDED_SHAPES`)."""
     from slm_bench.infer.sampling import HFSampler, SamplingParams
 
     tokenizer = _word_tokenizer(spec.vocab_size)
     sampler = HFSampler(model, tokenizer, mode="lean")  # the fused decode kernels where they build
     eager = HFSampler(model, tokenizer, mode="lean", attention="eager")
     ids = _prompt_ids(spec, prompts, prompt_len, seed)
-    params = SamplingParams(n=samples, max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=seed)
+    params = SamplingParams(n=samples, max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=seed, content_seeds=content_seeds)
 
     def sample_with(lean_sampler):
         out = lean_sampler.generate(ids.tolist(), params)
@@ -90,7 +94,8 @@ def bench_sampler_shape(model, spec, prompts: int, prompt_len: int, samples: int
         fused = {key: spread[key] for key in ("ratio", "ratio_min", "ratio_max")} | {
             "eager_new_tokens_per_s": round(generated / statistics.median(eager_times), 1),
             "fused_new_tokens_per_s": round(generated / statistics.median(fused_times), 1)}
-    return {"shape": _shape_label(prompts, prompt_len, samples, new_tokens), **ratio_spread(base_times, our_times),
+    label = _shape_label(prompts, prompt_len, samples, new_tokens) + (", content-seeded draws" if content_seeds else "")
+    return {"shape": label, **ratio_spread(base_times, our_times),
             "ours_new_tokens_per_s": round(generated / statistics.median(our_times), 1),
             "baseline_new_tokens_per_s": round(generated / statistics.median(base_times), 1),
             "baseline_flops_over_ours": round(_generate_flops(spec, prompts, prompt_len, samples, new_tokens)
@@ -126,7 +131,8 @@ def bench_sampler(preset: str = "llama-2m", shapes: dict | None = None, runs: in
     longest = max(prompt_len + new_tokens for _, prompt_len, _, new_tokens in shapes.values())
     spec = get_preset(preset, max_position_embeddings=longest)
     model = create_model(spec, seed=seed).eval()
-    measured = {name: bench_sampler_shape(model, spec, *shape, runs=runs, seed=seed) for name, shape in shapes.items()}
+    measured = {name: bench_sampler_shape(model, spec, *shape, runs=runs, seed=seed, content_seeds=name in CONTENT_SEEDED_SHAPES)
+                for name, shape in shapes.items()}
     peak, source = matmul_peak()
     rows = [{"shape": f"{name}: {m['shape']}", "ratio": m["ratio"], "min–max": f"{m['ratio_min']}–{m['ratio_max']}",
              "ours new tok/s": m["ours_new_tokens_per_s"], "generate new tok/s": m["baseline_new_tokens_per_s"],

@@ -39,15 +39,15 @@ def decode_attention_reference(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tens
 
 
 def time_major(gen: torch.Tensor, n: int) -> torch.Tensor:
-    "A generated cache [B·n, kv_heads, T, d] (row-major, as the specification reads it) laid out as the kernels keep it: [B, kv_heads, T, n, d]."
+    "A generated cache [B·n, kv_heads, T, d] (row-major, as the specification reads it) laid out as the kernels keep it: [B, kv_heads, T, d, n]."
     N, kv, T, d = gen.shape
-    return gen.view(N // n, n, kv, T, d).permute(0, 2, 3, 1, 4).contiguous()
+    return gen.view(N // n, n, kv, T, d).permute(0, 2, 3, 4, 1).contiguous()
 
 
 def row_major(gen: torch.Tensor) -> torch.Tensor:
-    "The inverse of `time_major`: [B, kv_heads, T, n, d] back to [B·n, kv_heads, T, d]."
-    B, kv, T, n, d = gen.shape
-    return gen.permute(0, 3, 1, 2, 4).reshape(B * n, kv, T, d)
+    "The inverse of `time_major`: [B, kv_heads, T, d, n] back to [B·n, kv_heads, T, d]."
+    B, kv, T, d, n = gen.shape
+    return gen.permute(0, 4, 1, 2, 3).reshape(B * n, kv, T, d)
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #99637c41
 KERNEL_SOURCES = tuple(resources.files("slm_bench.infer") / "csrc" / name for name in ("decode_attention.cpp", "decode_step.cpp"))

@@ -5,7 +5,10 @@
 # %% ../../nbs/infer/00_lean.ipynb #3b607bb9
 from __future__ import annotations
 
+import math
+import threading
 import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +87,7 @@ class LeanDecoder:
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.is_phi3 = type(model).__name__ == "Phi3ForCausalLM"
         self._versions: tuple | None = None
+        self._spare, self._spare_lock = None, threading.Lock()  # the generated cache's buffer, kept for the next call (`reused_cache`)
 
 # %% ../../nbs/infer/00_lean.ipynb #6dc43587
 def _sync_weights(self: LeanDecoder) -> None:
@@ -179,25 +183,57 @@ def _prefill(self: LeanDecoder, ids: torch.Tensor, mask: torch.Tensor, all_logit
 LeanDecoder.prefill = _prefill
 
 # %% ../../nbs/infer/00_lean.ipynb #29af0421
-def _new_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A preallocated per-layer cache for `rows` sequences (prompts × `n` samples, prompt-major) of up to `max_new`
-    generated tokens: `[rows, kv_heads, T, d]`, or with the fused attention time-major, `[rows // n, kv_heads, T, n, d]`
-    (a prompt's n samples side by side at each position: the layout its kernel streams through)."""
+def _cache_shape(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> tuple[int, ...]:
+    """One layer's key (or value) cache for `rows` sequences (prompts × `n` samples, prompt-major) of up to `max_new`
+    generated tokens: `[rows, kv_heads, T, d]`, or with the fused attention time-major, `[rows // n, kv_heads, T, d, n]`
+    (at each position a prompt's n samples side by side, element by element: the layout its kernel streams through,
+    the samples its vector lanes)."""
     T = max(max_new, 1)
-    shape = (rows // n, self.n_kv, T, n, self.head_dim) if self.fused else (rows, self.n_kv, T, self.head_dim)
+    return (rows // n, self.n_kv, T, self.head_dim, n) if self.fused else (rows, self.n_kv, T, self.head_dim)
+
+
+def _new_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "A preallocated per-layer generated cache, `[(K, V)]` of `cache_shape(rows, max_new, n)` each."
+    self._sync_weights()  # the layers and the embedding's dtype and device
+    shape = self.cache_shape(rows, max_new, n)
     return [(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device),
              torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
 
 
+@contextmanager
+def _reused_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1):
+    """`new_cache`, carved from one flat buffer that the decoder keeps for its next call (the largest it has needed):
+    fresh memory costs a page fault per page on first touch, about 5% of sampling at the PTS shape. A call made while
+    another holds the buffer gets its own. Only positions a call writes are ever read, so reused contents do not matter."""
+    self._sync_weights()
+    shape = self.cache_shape(rows, max_new, n)
+    size = math.prod(shape)
+    with self._spare_lock:
+        flat, self._spare = self._spare, None
+    if flat is None or flat.numel() < 2 * len(self.layers) * size or (flat.dtype, flat.device) != (self.embed.dtype, self.embed.device):
+        flat = torch.empty(2 * len(self.layers) * size, dtype=self.embed.dtype, device=self.embed.device)
+    try:
+        yield [(flat[2 * i * size:(2 * i + 1) * size].view(shape), flat[(2 * i + 1) * size:(2 * i + 2) * size].view(shape))
+               for i in range(len(self.layers))]
+    finally:
+        with self._spare_lock:
+            if self._spare is None or self._spare.numel() < flat.numel():
+                self._spare = flat
+
+
 def _write_generated(self: LeanDecoder, cache: torch.Tensor, t: int, x: torch.Tensor) -> None:
     "Store x [N, kv_heads, d] at generated position `t` of a cache `new_cache` made (either layout)."
-    if cache.dim() == 5:  # time-major [B, kv_heads, T, n, d]
-        B, kvh, _, n, d = cache.shape
-        cache[:, :, t] = x.view(B, n, kvh, d).transpose(1, 2)
+    if cache.dim() == 5:  # time-major [B, kv_heads, T, d, n]
+        B, kvh, _, d, n = cache.shape
+        cache[:, :, t] = x.view(B, n, kvh, d).permute(0, 2, 3, 1)
     else:
         cache[:, :, t] = x
 
 
+LeanDecoder.cache_shape, LeanDecoder.new_cache, LeanDecoder.reused_cache = _cache_shape, _new_cache, _reused_cache
+LeanDecoder._write_generated = _write_generated
+
+# %% ../../nbs/infer/00_lean.ipynb #b3d1a7e5
 def _eager_attention(self: LeanDecoder, q, kp, vp, hide, kg, vg, t: int, n: int) -> torch.Tensor:
     "One decode step's attention in torch ops: q [N, heads, d] over the shared prompt cache and each row's first t + 1 generated positions."
     N, (B, kvh, L, hd), g = q.shape[0], kp.shape, self.group
@@ -259,5 +295,4 @@ def _fused_step(self: LeanDecoder, tokens: torch.Tensor, positions: torch.Tensor
     return h @ self.lm_head.T
 
 
-LeanDecoder._eager_attention, LeanDecoder._fused_step = _eager_attention, _fused_step
-LeanDecoder.new_cache, LeanDecoder._write_generated, LeanDecoder.step = _new_cache, _write_generated, _step
+LeanDecoder._eager_attention, LeanDecoder._fused_step, LeanDecoder.step = _eager_attention, _fused_step, _step

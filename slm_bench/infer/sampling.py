@@ -449,41 +449,41 @@ def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingPa
     logits, prompt_cache = self.lean.prefill(ids, mask)
     logits = logits.repeat_interleave(n, dim=0)
     positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
-    gen_cache = self.lean.new_cache(N, max_new, n)
     rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
     active = [True] * N
     window = max((len(s) for s in params.stop), default=0) + 8
     enders = self.enders(params.stop) if params.stop else None
-    for t in range(max_new):
-        follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
-        token, logprob = sample_from_logits(logits, params, noise)
-        for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
-            if not active[r]:
-                continue
-            tokens_out[orig].append(tok)
-            logprobs_out[orig].append(lp)
-            if tok in stop_ids:
-                reasons[orig], active[r] = "stop", False
-            elif params.stop and (enders is None or tok in enders) and self._stop_string_hit(tokens_out[orig], params, window):
-                reasons[orig], active[r] = "stop", False
-            elif len(tokens_out[orig]) >= caps[orig // params.n]:
-                active[r] = False
-        if not any(active) or t == max_new - 1:
-            break
-        # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
-        keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
-        if len(keep) <= 0.75 * (len(rows) // n):
-            prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
-                keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active, written=t)
-            noise.keep(keep, n)
-        # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
-        if n > 1 and isinstance(noise, SampleNoise) and sum(active) <= self.single_rows_at * len(rows):
-            alive = [r for r, a in enumerate(active) if a]
-            prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
-                alive, n, prompt_cache, gen_cache, mask, token, positions, rows, written=t)
-            noise.keep_rows(alive)
-            n = 1
-        logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
+    with self.lean.reused_cache(N, max_new, n) as gen_cache:  # the last call's buffer: no fresh pages to fault in
+        for t in range(max_new):
+            follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
+            token, logprob = sample_from_logits(logits, params, noise)
+            for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
+                if not active[r]:
+                    continue
+                tokens_out[orig].append(tok)
+                logprobs_out[orig].append(lp)
+                if tok in stop_ids:
+                    reasons[orig], active[r] = "stop", False
+                elif params.stop and (enders is None or tok in enders) and self._stop_string_hit(tokens_out[orig], params, window):
+                    reasons[orig], active[r] = "stop", False
+                elif len(tokens_out[orig]) >= caps[orig // params.n]:
+                    active[r] = False
+            if not any(active) or t == max_new - 1:
+                break
+            # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
+            keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
+            if len(keep) <= 0.75 * (len(rows) // n):
+                prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
+                    keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active, written=t)
+                noise.keep(keep, n)
+            # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
+            if n > 1 and isinstance(noise, SampleNoise) and sum(active) <= self.single_rows_at * len(rows):
+                alive = [r for r, a in enumerate(active) if a]
+                prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
+                    alive, n, prompt_cache, gen_cache, mask, token, positions, rows, written=t)
+                noise.keep_rows(alive)
+                n = 1
+            logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
     return self._finish(prompts, tokens_out, logprobs_out, reasons, params, params.n)
 
 
@@ -504,7 +504,7 @@ def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_c
     kept = torch.tensor(keep, device=self.device)
     kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
     prompt_cache = [(_compact(k, kept), _compact(v, kept)) for k, v in prompt_cache]
-    gen_kept = kept if gen_cache[0][0].dim() == 5 else kept_rows  # a time-major cache [B, kv_heads, T, n, d] keeps prompts
+    gen_kept = kept if gen_cache[0][0].dim() == 5 else kept_rows  # a time-major cache [B, kv_heads, T, d, n] keeps prompts
     gen_cache = [(_compact(k, gen_kept, written), _compact(v, gen_kept, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     rows = [rows[i] for i in kept_rows.tolist()]
@@ -517,9 +517,9 @@ def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_ca
     kept_rows = torch.tensor(alive, device=self.device)
     prompt_of = kept_rows // n
     prompt_cache = [(k.index_select(0, prompt_of), v.index_select(0, prompt_of)) for k, v in prompt_cache]
-    if gen_cache[0][0].dim() == 5:  # time-major [B, kv_heads, T, n, d]: each row becomes a prompt of one sample
+    if gen_cache[0][0].dim() == 5:  # time-major [B, kv_heads, T, d, n]: each row becomes a prompt of one sample
         sample_of = kept_rows % n
-        gen_cache = [(k[prompt_of, :, :, sample_of].unsqueeze(3), v[prompt_of, :, :, sample_of].unsqueeze(3)) for k, v in gen_cache]
+        gen_cache = [(k[prompt_of, ..., sample_of].unsqueeze(-1), v[prompt_of, ..., sample_of].unsqueeze(-1)) for k, v in gen_cache]
     else:
         gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, prompt_of), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)

@@ -1,7 +1,7 @@
 // One decode step's attention for slm_bench's lean decoder: each row's new query over its prompt's cache (shared by
-// the prompt's n samples) and its own generated cache, in one softmax. The generated cache is time-major,
-// [B, KVH, T, n, D]: one (prompt, KV head)'s n samples at a position lie side by side, so a step reads each task's
-// generated keys and values as one stream. Built and documented by nbs/infer/06_decode_kernel.ipynb
+// the prompt's n samples) and its own generated cache, in one softmax. The generated cache is time-major and
+// lane-major, [B, KVH, T, D, n]: at a position, element k of one (prompt, KV head)'s n samples lie side by side, so a
+// step reads each task's generated keys and values as one stream and the n samples are the vector lanes. Built and documented by nbs/infer/06_decode_kernel.ipynb
 // (slm_bench.infer.decode_kernel), whose plain-torch specification it matches.
 
 #include <ATen/ATen.h>
@@ -17,7 +17,6 @@ namespace {
 
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
 constexpr int64_t KEY_BLOCK = 4;  // prompt keys' scores are computed 4 × 16 at a time, in registers
-constexpr int64_t POSITION_MAJOR_QUERIES = 8;  // a task with this many queries reads its generated cache position by position
 
 inline v16 load(const float* x) { v16 v; std::memcpy(&v, x, sizeof v); return v; }
 inline void store(float* x, v16 v) { std::memcpy(x, &v, sizeof v); }
@@ -127,25 +126,148 @@ void weighted_rows_multi(const float* const* w, const float* __restrict__ rows, 
     for (int64_t j = 0; j < DC / 16; ++j) store(out[qb] + 16 * j, acc[qb][j]);
 }
 
+// generated_scores for n a multiple of 16 and a compiled-in head size: 16 lanes at a time, four positions per pass (each
+// query vector loaded once for the four), every sum in generated_scores's order.
+template <int64_t DC>
+void generated_scores_by16(const float* __restrict__ qt, const float* __restrict__ kg, int64_t written, int64_t n,
+                           float* __restrict__ gs) {
+  constexpr int64_t U = 4;
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    int64_t u = 0;
+    for (; u + U <= written; u += U) {
+      v16 acc[U] = {};
+      for (int64_t k = 0; k < DC; ++k) {
+        const v16 qk = load(qt + k * n + i0);
+        for (int64_t m = 0; m < U; ++m) acc[m] += qk * load(kg + ((u + m) * DC + k) * n + i0);
+      }
+      for (int64_t m = 0; m < U; ++m) store(gs + (u + m) * n + i0, acc[m]);
+    }
+    for (; u < written; ++u) {
+      v16 acc = {};
+      for (int64_t k = 0; k < DC; ++k) acc += load(qt + k * n + i0) * load(kg + (u * DC + k) * n + i0);
+      store(gs + u * n + i0, acc);
+    }
+  }
+}
+
+// generated_values for n a multiple of 16 and a compiled-in head size: 16 lanes × 16 elements of the head accumulated in
+// registers over the positions, then added to the n outputs.
+template <int64_t DC>
+void generated_values_by16(const float* __restrict__ w, const float* __restrict__ vg, int64_t written, int64_t n,
+                           float* const* out) {
+  for (int64_t i0 = 0; i0 < n; i0 += 16)
+    for (int64_t k0 = 0; k0 < DC; k0 += 16) {
+      v16 acc[16] = {};
+      for (int64_t u = 0; u < written; ++u) {
+        const v16 wu = load(w + u * n + i0);
+        const float* __restrict__ values = vg + (u * DC + k0) * n + i0;
+        for (int64_t c = 0; c < 16; ++c) acc[c] += wu * load(values + c * n);
+      }
+      for (int64_t c = 0; c < 16; ++c)
+        for (int64_t l = 0; l < 16; ++l) out[i0 + l][k0 + c] += acc[c][l];
+    }
+}
+
+// The generated part of one task's scores for query head g of its group: gs[u * n + i] = q_(sample i) . key u of sample
+// i, for the `written` positions u of the task's lane-major cache kg [T, D, n]. With n > 1 the n samples are the
+// vector lanes (each query's sum runs over d in order, no horizontal sums); one sample reads its keys as rows.
+template <int64_t DC>
+void generated_scores(const float* const* q, const float* __restrict__ kg, int64_t written, int64_t D, int64_t n,
+                      float* __restrict__ qt, float* __restrict__ gs) {
+  if (n == 1) return scores_rows<DC>(q[0], kg, written, D, D, gs);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < D; ++k) qt[k * n + i] = q[i][k];  // the n queries transposed, [D, n]
+  if constexpr (DC > 0)
+    if (n % 16 == 0) return generated_scores_by16<DC>(qt, kg, written, n, gs);
+  for (int64_t u = 0; u < written; ++u) {
+    float* __restrict__ row = gs + u * n;
+    const float* __restrict__ keys = kg + u * D * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) row[i] = qt[i] * keys[i];
+    for (int64_t k = 1; k < D; ++k) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) row[i] += qt[k * n + i] * keys[k * n + i];
+    }
+  }
+}
+
+// In place over a task's generated scores gs [written, n] for one query head: scale them, raise each lane's running
+// maximum m[i] (its prompt part's maximum on entry), then once m is final (`exponentiate`) replace them by exp(s - m[i])
+// and add their sum to total[i].
+void generated_max(float* __restrict__ gs, int64_t written, int64_t n, float scale, float* __restrict__ m) {
+  if (n == 1) {
+    float top = m[0];
+#pragma omp simd reduction(max:top)
+    for (int64_t u = 0; u < written; ++u) { gs[u] *= scale; top = std::max(top, gs[u]); }
+    m[0] = top;
+    return;
+  }
+  for (int64_t u = 0; u < written; ++u) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) { gs[u * n + i] *= scale; m[i] = std::max(m[i], gs[u * n + i]); }
+  }
+}
+
+void generated_exp(float* __restrict__ gs, int64_t written, int64_t n, const float* __restrict__ m, float* __restrict__ total) {
+  if (n == 1) {
+    float sum = 0.f;
+#pragma omp simd reduction(+:sum)
+    for (int64_t u = 0; u < written; ++u) { gs[u] = expf(gs[u] - m[0]); sum += gs[u]; }
+    total[0] = sum;
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) total[i] = 0.f;
+  for (int64_t u = 0; u < written; ++u) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) { gs[u * n + i] = expf(gs[u * n + i] - m[i]); total[i] += gs[u * n + i]; }
+  }
+}
+
+// out[i] += sum_u w[u * n + i] * value u of sample i, over the task's lane-major values vg [T, D, n]; acc [D, n] is
+// scratch. One sample reads its values as rows.
+template <int64_t DC>
+void generated_values(const float* __restrict__ w, const float* __restrict__ vg, int64_t written, int64_t D, int64_t n,
+                      float* __restrict__ acc, float* const* out) {
+  if (n == 1) return weighted_rows<DC>(w, vg, written, D, D, out[0]);
+  if constexpr (DC > 0)
+    if (n % 16 == 0) return generated_values_by16<DC>(w, vg, written, n, out);
+  for (int64_t e = 0; e < D * n; ++e) acc[e] = 0.f;
+  for (int64_t u = 0; u < written; ++u) {
+    const float* __restrict__ wu = w + u * n;
+    const float* __restrict__ values = vg + u * D * n;
+    for (int64_t k = 0; k < D; ++k) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) acc[k * n + i] += wu[i] * values[k * n + i];
+    }
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < D; ++k) out[i][k] += acc[k * n + i];
+}
+
 template <int64_t DC>  // the head size when it is a multiple of 16 compiled in (32, 64, 128), 0 otherwise
 void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP, const float* KG, const float* VG, float* O,
             int64_t H, int64_t d_rt, int64_t B, int64_t KVH, int64_t L, int64_t T, int64_t written, int64_t n, float scale) {
-  const int64_t D = DC ? DC : d_rt, G = H / KVH, S = L + written, QN = n * G;  // QN queries share a task's caches
+  const int64_t D = DC ? DC : d_rt, G = H / KVH, QN = n * G;  // QN queries share a task's prompt cache
   constexpr int QB = DC == 0 ? 1 : (DC <= 64 ? 4 : 2);  // queries per register block (at most 16 accumulators)
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score_buf(QN * S), penalty_buf(L), inv(QN);
+    // per thread: prompt scores [QN, L]; generated scores [G, written, n]; a [D, n] scratch; per-query maxima and sums
+    std::vector<float> score_buf(QN * L), gen_buf(G * written * n), lane_buf(D * n), penalty_buf(L), top(QN), total(QN), lane(n);
+    std::vector<const float*> lane_q(n);
+    std::vector<float*> lane_out(n);
     float* __restrict__ pen = penalty_buf.data();
     for (int64_t task = begin; task < end; ++task) {  // task: one prompt b and KV head kh
       const int64_t b = task / KVH, kh = task % KVH;
       const float* __restrict__ kpt = KPT + task * D * L;
       const float* __restrict__ vp = VP + task * L * D;
-      const float* __restrict__ kg = KG + task * T * n * D;  // [T, n, D]: position u of sample i at (u * n + i) * D
-      const float* __restrict__ vg = VG + task * T * n * D;
+      const float* __restrict__ kg = KG + task * T * D * n;  // [T, D, n]: element k of sample i at position u at (u * D + k) * n + i
+      const float* __restrict__ vg = VG + task * T * D * n;
       for (int64_t l = 0; l < L; ++l) pen[l] = KEEP[b * L + l] ? 0.f : -1e30f;  // a pad key: its exponential underflows to 0
-      // query j is sample j / G's head kh * G + j % G; its scores are row j of score_buf (prompt keys, then generated)
+      // query j is sample j / G's head kh * G + j % G; its prompt scores are row j of score_buf, its generated ones lane
+      // j / G of block j % G of gen_buf
       auto query = [&](int64_t j) { return Q + ((b * n + j / G) * H + kh * G + j % G) * D; };
       auto output = [&](int64_t j) { return O + ((b * n + j / G) * H + kh * G + j % G) * D; };
-      auto scores = [&](int64_t j) { return score_buf.data() + j * S; };
+      auto scores = [&](int64_t j) { return score_buf.data() + j * L; };
+      auto generated = [&](int64_t g) { return gen_buf.data() + g * written * n; };
       int64_t j0 = 0;
       if constexpr (DC > 0)
         for (; j0 + QB <= QN; j0 += QB) {
@@ -154,23 +276,31 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
           scores_transposed_multi<DC, QB>(qs, kpt, L, ps);
         }
       for (int64_t j = j0; j < QN; ++j) scores_transposed<DC>(query(j), kpt, D, L, scores(j));
-      // generated keys: position by position over the task's queries (one stream), or with few queries (too few
-      // independent sums to hide a sum's latency) query by query, each over its own positions n·D floats apart
-      const bool by_position = QN >= POSITION_MAJOR_QUERIES;
-      if (by_position)
-        for (int64_t u = 0; u < written; ++u)
-          for (int64_t j = 0; j < QN; ++j) scores_rows<DC>(query(j), kg + (u * n + j / G) * D, 1, D, D, scores(j) + L + u);
-      else
-        for (int64_t j = 0; j < QN; ++j) scores_rows<DC>(query(j), kg + (j / G) * D, written, D, n * D, scores(j) + L);
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t i = 0; i < n; ++i) lane_q[i] = query(i * G + g);
+        generated_scores<DC>(lane_q.data(), kg, written, D, n, lane_buf.data(), generated(g));
+      }
+      // one softmax per query over its prompt and generated scores: maxima first, then the exponentials and their sums
       for (int64_t j = 0; j < QN; ++j) {
         float* __restrict__ p = scores(j);
         float m = -FLT_MAX;
         for (int64_t l = 0; l < L; ++l) { p[l] = p[l] * scale + pen[l]; m = std::max(m, p[l]); }
-        for (int64_t u = 0; u < written; ++u) { p[L + u] *= scale; m = std::max(m, p[L + u]); }
-        float total = 0.f;
-#pragma omp simd reduction(+:total)
-        for (int64_t s = 0; s < S; ++s) { p[s] = expf(p[s] - m); total += p[s]; }
-        inv[j] = 1.f / total;
+        top[j] = m;
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t i = 0; i < n; ++i) lane[i] = top[i * G + g];
+        generated_max(generated(g), written, n, scale, lane.data());
+        for (int64_t i = 0; i < n; ++i) top[i * G + g] = lane[i];
+        generated_exp(generated(g), written, n, lane.data(), lane_buf.data());
+        for (int64_t i = 0; i < n; ++i) total[i * G + g] = lane_buf[i];
+      }
+      for (int64_t j = 0; j < QN; ++j) {
+        float* __restrict__ p = scores(j);
+        const float m = top[j];
+        float sum = 0.f;
+#pragma omp simd reduction(+:sum)
+        for (int64_t l = 0; l < L; ++l) { p[l] = expf(p[l] - m); sum += p[l]; }
+        total[j] += sum;
         float* o = output(j);
         for (int64_t k = 0; k < D; ++k) o[k] = 0.f;
       }
@@ -182,14 +312,14 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
           weighted_rows_multi<DC, QB>(ws, vp, L, os);
         }
       for (int64_t j = j0; j < QN; ++j) weighted_rows<DC>(scores(j), vp, L, D, D, output(j));
-      if (by_position)
-        for (int64_t u = 0; u < written; ++u)
-          for (int64_t j = 0; j < QN; ++j) weighted_rows<DC>(scores(j) + L + u, vg + (u * n + j / G) * D, 1, D, D, output(j));
-      else
-        for (int64_t j = 0; j < QN; ++j) weighted_rows<DC>(scores(j) + L, vg + (j / G) * D, written, D, n * D, output(j));
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t i = 0; i < n; ++i) lane_out[i] = output(i * G + g);
+        generated_values<DC>(generated(g), vg, written, D, n, lane_buf.data(), lane_out.data());
+      }
       for (int64_t j = 0; j < QN; ++j) {
         float* o = output(j);
-        for (int64_t k = 0; k < D; ++k) o[k] *= inv[j];
+        const float inv = 1.f / total[j];
+        for (int64_t k = 0; k < D; ++k) o[k] *= inv;
       }
     }
   });
@@ -202,12 +332,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kpt, const at
                 "decode_attention takes contiguous float32 CPU tensors");
   TORCH_CHECK(keep.scalar_type() == at::kBool && keep.is_contiguous(), "decode_attention: keep is a contiguous bool mask [B, L]");
   TORCH_CHECK(q.dim() == 3 && kpt.dim() == 4 && vp.dim() == 4 && kg.dim() == 5 && vg.sizes() == kg.sizes(),
-              "decode_attention: q [B*n, H, D], kpt [B, KVH, D, L], vp [B, KVH, L, D], kg and vg [B, KVH, T, n, D]");
+              "decode_attention: q [B*n, H, D], kpt [B, KVH, D, L], vp [B, KVH, L, D], kg and vg [B, KVH, T, D, n]");
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t B = kpt.size(0), KVH = kpt.size(1), L = kpt.size(3), T = kg.size(2);
-  TORCH_CHECK(N == B * n && kg.size(0) == B && kg.size(1) == KVH && kg.size(3) == n && kg.size(4) == D && kpt.size(2) == D &&
+  TORCH_CHECK(N == B * n && kg.size(0) == B && kg.size(1) == KVH && kg.size(3) == D && kg.size(4) == n && kpt.size(2) == D &&
               vp.size(2) == L && H % KVH == 0,
-              "decode_attention: q [B*n, H, D], kpt [B, KVH, D, L], vp [B, KVH, L, D], kg and vg [B, KVH, T, n, D]");
+              "decode_attention: q [B*n, H, D], kpt [B, KVH, D, L], vp [B, KVH, L, D], kg and vg [B, KVH, T, D, n]");
   TORCH_CHECK(written >= 1 && written <= T, "decode_attention: written must be in 1..", T);
   at::Tensor out = at::empty({N, H, D}, q.options());
   const float *Q = q.data_ptr<float>(), *KPT = kpt.data_ptr<float>(), *VP = vp.data_ptr<float>();

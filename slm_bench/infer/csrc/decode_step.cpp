@@ -26,17 +26,17 @@ void over_rows(int64_t rows, int64_t width, const F& body) {
   at::parallel_for(0, rows, std::max<int64_t>(1, GRAIN / std::max<int64_t>(width, 1)), body);
 }
 
-// q = RoPE(q part of qkv) as [N, H, D]; RoPE(k part) and the v part written at position t of the time-major generated
-// cache kg and vg [B, KVH, T, n, D] (row r = b * n + i is prompt b's sample i).
+// q = RoPE(q part of qkv) as [N, H, D]; RoPE(k part) and the v part written at position t of the lane-major generated
+// cache kg and vg [B, KVH, T, D, n] (row r = b * n + i is prompt b's sample i).
 at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& kg, at::Tensor& vg,
                     int64_t t, int64_t heads) {
   for (auto [tensor, name] : {std::pair{&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&kg, "kg"}, {&vg, "vg"}})
     check_float(*tensor, "rope_qkv", name);
   TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && kg.dim() == 5,
-              "rope_qkv: qkv [N, (heads + 2 kv_heads) d], cos and sin [N, d], kg and vg [B, kv_heads, T, n, d]");
-  const int64_t N = qkv.size(0), KVH = kg.size(1), T = kg.size(2), n = kg.size(3), D = kg.size(4);
+              "rope_qkv: qkv [N, (heads + 2 kv_heads) d], cos and sin [N, d], kg and vg [B, kv_heads, T, d, n]");
+  const int64_t N = qkv.size(0), KVH = kg.size(1), T = kg.size(2), D = kg.size(3), n = kg.size(4);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * KVH) * D && kg.size(0) * n == N && vg.sizes() == kg.sizes(),
-              "rope_qkv: qkv [N, (heads + 2 kv_heads) d], kg and vg [B, kv_heads, T, n, d] with B * n = N");
+              "rope_qkv: qkv [N, (heads + 2 kv_heads) d], kg and vg [B, kv_heads, T, d, n] with B * n = N");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == N && cos.size(1) == D && D % 2 == 0,
               "rope_qkv: cos and sin [N, d] (rotary over the whole head)");
   TORCH_CHECK(t >= 0 && t < T, "rope_qkv: t must be in 0..", T - 1);
@@ -45,6 +45,8 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   float *Q = q.data_ptr<float>(), *KG = kg.data_ptr<float>(), *VG = vg.data_ptr<float>();
   const int64_t width = (heads + 2 * KVH) * D, half = D / 2;
   over_rows(N, width, [&](int64_t begin, int64_t end) {
+    std::vector<float> rotated(D);
+    float* __restrict__ k_rot = rotated.data();
     for (int64_t r = begin; r < end; ++r) {
       const float* __restrict__ c = C + r * D;
       const float* __restrict__ s = S + r * D;
@@ -57,12 +59,11 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
       const float* x = X + r * width;
       for (int64_t h = 0; h < heads; ++h) rotate(x + h * D, Q + (r * heads + h) * D);
       const int64_t b = r / n, i = r % n;
-      for (int64_t h = 0; h < KVH; ++h) {
-        const int64_t at = (((b * KVH + h) * T + t) * n + i) * D;
-        rotate(x + (heads + h) * D, KG + at);
+      for (int64_t h = 0; h < KVH; ++h) {  // element k of sample i at ((b, h, t) * D + k) * n + i: n floats apart
+        const int64_t at = ((b * KVH + h) * T + t) * D * n + i;
+        rotate(x + (heads + h) * D, k_rot);
         const float* v = x + (heads + KVH + h) * D;
-        float* out = VG + at;
-        for (int64_t i = 0; i < D; ++i) out[i] = v[i];
+        for (int64_t k = 0; k < D; ++k) { KG[at + k * n] = k_rot[k]; VG[at + k * n] = v[k]; }
       }
     }
   });
