@@ -96,6 +96,19 @@ def _wait_until(condition, within_s: float) -> bool:
     return True
 
 
+def _train_failing_with(trainer, error: type, match: str, alongside) -> None:
+    "`trainer.train()` raising `error` (message matching `match`) while `alongside(stop)` runs in a thread; `stop` is set and the thread joined either way."
+    stop = threading.Event()
+    side = threading.Thread(target=alongside, args=(stop,))
+    side.start()
+    try:
+        with pytest.raises(error, match=match):
+            trainer.train(resume=False)
+    finally:
+        stop.set()
+        side.join()
+
+
 def _endless_ddp_trainer(out: Path, launch_timeout_s: float):
     "A 2-process DDP trainer of a tiny model for 100,000 steps: far longer than any test waits."
     from slm_bench.lm.models import create_model, get_preset
@@ -118,21 +131,14 @@ def test_a_launch_past_its_time_limit_is_stopped_with_every_process_it_started(t
     limit, are gone when `train()` returns."""
     trainer = _endless_ddp_trainer(tmp_path / "run", launch_timeout_s=30)
     folder = str(tmp_path / "run" / "launch")
-    most, done = [0], threading.Event()
+    most = [0]
 
-    def watch():
-        while not done.is_set():
+    def watch(stop: threading.Event):
+        while not stop.is_set():
             most[0] = max(most[0], len(_running_with(folder)))
             time.sleep(0.1)
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        with pytest.raises(TimeoutError, match=r"did not finish within launch_timeout_s=30 s, so its processes were stopped"):
-            trainer.train(resume=False)
-    finally:
-        done.set()
-        watcher.join()
+    _train_failing_with(trainer, TimeoutError, r"did not finish within launch_timeout_s=30 s, so its processes were stopped", watch)
     assert most[0] == 3  # accelerate's launcher and the two training processes ran before the limit
     assert _running_with(folder) == []
     assert not (tmp_path / "run" / "launch" / "result.json").exists() and trainer.step == 0
@@ -150,19 +156,13 @@ def test_training_processes_stop_when_their_launcher_is_killed(tmp_path):
         launchers = [pid for pid in _running_with(folder) if pid not in trainers]
         return launchers if len(trainers) == 2 and (tmp_path / "run" / "metrics.jsonl").exists() else []
 
-    def kill_the_launcher_once_both_train():
+    def kill_the_launcher_once_both_train(stop: threading.Event):
         if _wait_until(lambda: len(launchers_once_both_train()) == 1, within_s=100):
             launcher = launchers_once_both_train()[0]
             os.kill(launcher, signal.SIGKILL)
             killed.append(launcher)
 
-    killer = threading.Thread(target=kill_the_launcher_once_both_train)
-    killer.start()
-    try:
-        with pytest.raises(RuntimeError, match=r"failed with exit code -9"):
-            trainer.train(resume=False)
-    finally:
-        killer.join()
+    _train_failing_with(trainer, RuntimeError, r"failed with exit code -9", kill_the_launcher_once_both_train)
     assert len(killed) == 1
     _wait_until(lambda: not _running_with(folder), within_s=10)  # SIGTERM reaches them at once; exiting takes a moment
     assert _running_with(folder) == []
