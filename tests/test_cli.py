@@ -88,7 +88,7 @@ def test_sampler_benchmark_arithmetic_on_known_timings(monkeypatch):
     result = sampler.bench_sampler(preset="llama-0.5m", shapes={"PTS": (2, 16, 4, 4), "plain": (2, 8, 1, 6)}, runs=3)
     assert calls == [3, 3, 3, 3]  # per shape: generate against ours, then ours with the eager step against the fused one
     assert [(r["shape"], r["ratio"], r["min–max"]) for r in result["rows"]] == [
-        ("PTS: 4 samples per 16-token prompt, 4 new tokens, 2 prompts", 2.0, "2.0–3.0"),
+        ("PTS: 4 samples per 16-token prompt, 4 new tokens, 2 prompts, content-seeded draws", 2.0, "2.0–3.0"),
         ("plain: 1 sample per 8-token prompt, 6 new tokens, 2 prompts", 2.0, "2.0–3.0")]
     pts, plain = result["details"]["PTS"], result["details"]["plain"]
     assert (pts["ours_new_tokens_per_s"], pts["baseline_new_tokens_per_s"]) == (round(32 / 1.5, 1), round(32 / 3.0, 1))  # 2×4×4 tokens
