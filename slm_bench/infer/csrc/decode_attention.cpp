@@ -1,8 +1,9 @@
 // One decode step's attention for slm_bench's lean decoder: each row's new query over its prompt's cache (shared by
-// the prompt's n samples) and its own generated cache, in one softmax. The generated cache is time-major and
-// lane-major, [B, KVH, T, D, n]: at a position, element k of one (prompt, KV head)'s n samples lie side by side, so a
-// step reads each task's generated keys and values as one stream and the n samples are the vector lanes. Built and documented by nbs/infer/06_decode_kernel.ipynb
-// (slm_bench.infer.decode_kernel), whose plain-torch specification it matches.
+// the prompt's n samples) and its own generated cache, in one softmax. The generated cache is time-major with the
+// samples innermost, [B, KVH, T, D, n]: at a position, element k of one (prompt, KV head)'s n samples lie side by side,
+// so a step reads each task's generated keys and values as one stream and the n samples are the vector lanes. Built
+// and documented by nbs/infer/06_decode_kernel.ipynb (slm_bench.infer.decode_kernel), whose plain-torch specification
+// it matches.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -191,9 +192,8 @@ void generated_scores(const float* const* q, const float* __restrict__ kg, int64
   }
 }
 
-// In place over a task's generated scores gs [written, n] for one query head: scale them, raise each lane's running
-// maximum m[i] (its prompt part's maximum on entry), then once m is final (`exponentiate`) replace them by exp(s - m[i])
-// and add their sum to total[i].
+// In place over a task's generated scores gs [written, n] for one query head: scale them and raise each lane's maximum
+// m[i] (its prompt scores' maximum on entry) to theirs.
 void generated_max(float* __restrict__ gs, int64_t written, int64_t n, float scale, float* __restrict__ m) {
   if (n == 1) {
     float top = m[0];
@@ -208,6 +208,7 @@ void generated_max(float* __restrict__ gs, int64_t written, int64_t n, float sca
   }
 }
 
+// Then, with m final: each generated score s becomes exp(s - m[i]), and total[i] is their sum per lane.
 void generated_exp(float* __restrict__ gs, int64_t written, int64_t n, const float* __restrict__ m, float* __restrict__ total) {
   if (n == 1) {
     float sum = 0.f;
