@@ -57,14 +57,17 @@ class LeanDecoder:
     `attention`: "fused" runs each decode step's attention in the compiled kernel (`infer.decode_kernel`, float32 on
     CPU), and with rotary embeddings over whole heads the step's elementwise parts too (RoPE with the cache write,
     residual with RMSNorm, SiLU times up); "eager" runs it in torch ops; "auto" takes the kernels where they apply and
-    build, else eager (with a warning)."""
+    build, else eager (with a warning). `keep_cache_mib`: the largest generated-cache buffer `reused_cache` keeps
+    between calls (0: none)."""
 
-    def __init__(self, model, attention: str = "auto"):
+    def __init__(self, model, attention: str = "auto", keep_cache_mib: float = 512):
         problem = lean_support(model)
         if problem:
             raise NotImplementedError(problem)
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+        if keep_cache_mib < 0:
+            raise ValueError(f"keep_cache_mib is a size in MiB (0: keep nothing), got {keep_cache_mib}")
         weight = model.get_input_embeddings().weight
         why_not = (f"the fused decode attention is float32 on CPU; this model is {weight.dtype} on {weight.device.type}"
                    if weight.dtype != torch.float32 or weight.device.type != "cpu" else decode_kernel_problem())
@@ -87,6 +90,7 @@ class LeanDecoder:
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.is_phi3 = type(model).__name__ == "Phi3ForCausalLM"
         self._versions: tuple | None = None
+        self.keep_cache_bytes = int(keep_cache_mib * 2**20)  # the most `reused_cache` keeps between calls (ours)
         self._spare, self._spare_lock = None, threading.Lock()  # the generated cache's buffer, kept for the next call (`reused_cache`)
 
 # %% ../../nbs/infer/00_lean.ipynb #6dc43587
@@ -192,33 +196,44 @@ def _cache_shape(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> tupl
     return (rows // n, self.n_kv, T, self.head_dim, n) if self.fused else (rows, self.n_kv, T, self.head_dim)
 
 
+def _carve(self: LeanDecoder, flat: torch.Tensor, shape: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "Per-layer `(K, V)` views of `shape`, cut one after another from the front of a flat buffer."
+    size = math.prod(shape)
+    return [(flat[2 * i * size:(2 * i + 1) * size].view(shape), flat[(2 * i + 1) * size:(2 * i + 2) * size].view(shape))
+            for i in range(len(self.layers))]
+
+
+def _flat_buffer(self: LeanDecoder, shape: tuple[int, ...]) -> torch.Tensor:
+    "Fresh memory for every layer's keys and values of `shape`, in the model's dtype and on its device."
+    return torch.empty(2 * len(self.layers) * math.prod(shape), dtype=self.embed.dtype, device=self.embed.device)
+
+
 def _new_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "A preallocated per-layer generated cache, `[(K, V)]` of `cache_shape(rows, max_new, n)` each."
     self._sync_weights()  # the layers and the embedding's dtype and device
     shape = self.cache_shape(rows, max_new, n)
-    return [(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device),
-             torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)) for _ in self.layers]
+    return self._carve(self._flat_buffer(shape), shape)
 
 
 @contextmanager
 def _reused_cache(self: LeanDecoder, rows: int, max_new: int, n: int = 1):
-    """`new_cache`, carved from one flat buffer that the decoder keeps for its next call (the largest it has needed):
-    fresh memory costs a page fault per page on first touch, about 5% of sampling at the PTS shape. A call made while
-    another holds the buffer gets its own. Only positions a call writes are ever read, so reused contents do not matter."""
+    """`new_cache`, carved from one flat buffer that the decoder keeps for its next call (the largest it has needed, up
+    to `keep_cache_bytes`): fresh memory costs a page fault per page on first touch, about 5% of sampling at the PTS
+    shape. A call made while another holds the buffer gets its own. Only positions a call writes are ever read, so
+    reused contents do not matter."""
     self._sync_weights()
     shape = self.cache_shape(rows, max_new, n)
-    size = math.prod(shape)
     with self._spare_lock:
         flat, self._spare = self._spare, None
-    if flat is None or flat.numel() < 2 * len(self.layers) * size or (flat.dtype, flat.device) != (self.embed.dtype, self.embed.device):
-        flat = torch.empty(2 * len(self.layers) * size, dtype=self.embed.dtype, device=self.embed.device)
+    if flat is None or flat.numel() < 2 * len(self.layers) * math.prod(shape) or (flat.dtype, flat.device) != (self.embed.dtype, self.embed.device):
+        flat = self._flat_buffer(shape)
     try:
-        yield [(flat[2 * i * size:(2 * i + 1) * size].view(shape), flat[(2 * i + 1) * size:(2 * i + 2) * size].view(shape))
-               for i in range(len(self.layers))]
+        yield self._carve(flat, shape)
     finally:
-        with self._spare_lock:
-            if self._spare is None or self._spare.numel() < flat.numel():
-                self._spare = flat
+        if flat.numel() * flat.element_size() <= self.keep_cache_bytes:
+            with self._spare_lock:
+                if self._spare is None or self._spare.numel() < flat.numel():
+                    self._spare = flat
 
 
 def _write_generated(self: LeanDecoder, cache: torch.Tensor, t: int, x: torch.Tensor) -> None:
@@ -230,6 +245,7 @@ def _write_generated(self: LeanDecoder, cache: torch.Tensor, t: int, x: torch.Te
         cache[:, :, t] = x
 
 
+LeanDecoder._carve, LeanDecoder._flat_buffer = _carve, _flat_buffer
 LeanDecoder.cache_shape, LeanDecoder.new_cache, LeanDecoder.reused_cache = _cache_shape, _new_cache, _reused_cache
 LeanDecoder._write_generated = _write_generated
 

@@ -326,7 +326,7 @@ class HFSampler:
     single_rows_at = 0.5  # lean, content seeds: active rows go on alone once at most this share of the batch is active (0: never; ours)
 
     def __init__(self, model, tokenizer, mode: str = "auto", max_batch_prompts: int = 128, memory_fraction: float = 0.25,
-                 progress: bool = False, attention: str = "auto"):
+                 progress: bool = False, attention: str = "auto", keep_cache_mib: float = 512):
         from slm_bench.infer.lean import LeanDecoder, lean_support
         from slm_bench.lm.models import check_vocab
 
@@ -341,7 +341,8 @@ class HFSampler:
         if mode not in ("lean", "generate"):
             raise BadInput(f"mode must be 'auto', 'lean' or 'generate', got {mode!r}")
         self.mode = mode
-        self.lean = LeanDecoder(model, attention=attention) if mode == "lean" else None  # attention: the lean step's ("auto", "fused", "eager")
+        # attention: the lean step's ("auto", "fused", "eager"); keep_cache_mib: the most cache memory it keeps between calls
+        self.lean = LeanDecoder(model, attention=attention, keep_cache_mib=keep_cache_mib) if mode == "lean" else None
         self.max_batch_prompts, self.memory_fraction, self.progress = max_batch_prompts, memory_fraction, progress
         self._stop_enders: dict[tuple, frozenset[int] | None] = {}
 

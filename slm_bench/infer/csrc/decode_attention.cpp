@@ -251,8 +251,10 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
   const int64_t D = DC ? DC : d_rt, G = H / KVH, QN = n * G;  // QN queries share a task's prompt cache
   constexpr int QB = DC == 0 ? 1 : (DC <= 64 ? 4 : 2);  // queries per register block (at most 16 accumulators)
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    // per thread: prompt scores [QN, L]; generated scores [G, written, n]; a [D, n] scratch; per-query maxima and sums
-    std::vector<float> score_buf(QN * L), gen_buf(G * written * n), lane_buf(D * n), penalty_buf(L), top(QN), total(QN), lane(n);
+    // per thread: prompt scores [QN, L]; generated scores [G, written, n]; a [D, n] scratch (transposed queries, then the
+    // value accumulator); per-query maxima and sums; one head's per-lane maxima and sums
+    std::vector<float> score_buf(QN * L), gen_buf(G * written * n), lane_buf(D * n), penalty_buf(L), top(QN), total(QN), lane(n),
+        lane_total(n);
     std::vector<const float*> lane_q(n);
     std::vector<float*> lane_out(n);
     float* __restrict__ pen = penalty_buf.data();
@@ -292,8 +294,8 @@ void attend(const float* Q, const float* KPT, const float* VP, const bool* KEEP,
         for (int64_t i = 0; i < n; ++i) lane[i] = top[i * G + g];
         generated_max(generated(g), written, n, scale, lane.data());
         for (int64_t i = 0; i < n; ++i) top[i * G + g] = lane[i];
-        generated_exp(generated(g), written, n, lane.data(), lane_buf.data());
-        for (int64_t i = 0; i < n; ++i) total[i * G + g] = lane_buf[i];
+        generated_exp(generated(g), written, n, lane.data(), lane_total.data());
+        for (int64_t i = 0; i < n; ++i) total[i * G + g] = lane_total[i];
       }
       for (int64_t j = 0; j < QN; ++j) {
         float* __restrict__ p = scores(j);
