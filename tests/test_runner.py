@@ -53,6 +53,7 @@ def test_environment_stage_through_the_real_kernel(cli, tmp_path):
     determined = manifest["determined_by"]
     assert determined["seeds"] == {"seed": 0} and determined["python_hash_seed"] == os.environ.get("PYTHONHASHSEED", "0")
     assert (determined["torch_threads"], determined["cpu"]["model"]) == (env["cpu"]["torch_threads"], env["cpu"]["model"])
+    assert determined["env"]["MKL_CBWR"] == "AUTO,STRICT"  # cpu.mkl_cbwr's default reached the kernel: matmuls ignore the thread count
     assert manifest["versions"]["tokenizers"] and not (stage / ".runtime.json").exists()  # moved into the manifest
 
     executed = nbformat.read(stage / "notebook.ipynb", as_version=4)

@@ -336,7 +336,8 @@ def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for stage in ("pretrain", "sft"):
         manifest = read(copy / stage / "manifest.json")
-        assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2, "sample.backend": "hf", "sample.gpu_memory": 0.5}, stage
+        assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2, "sample.backend": "hf", "sample.gpu_memory": 0.5,
+                                      "cpu.mkl_cbwr": "AUTO,STRICT"}, stage
         assert manifest["cache_key"] != read(run_dir / stage / "manifest.json")["cache_key"], stage  # the setting is in the key
         launch = yaml.safe_load((copy / stage / "train" / "launch" / "accelerate.yaml").read_text())
         assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \

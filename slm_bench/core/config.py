@@ -10,6 +10,7 @@ import difflib
 import io
 import os
 import random
+import re
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,7 +326,12 @@ ENGINE_SETTINGS: dict[str, tuple[str, ParamSpec]] = {  # key -> (the environment
                                                              "the stages' sampler: hf (ours, CPU or GPU) or vllm (GPU, the gpu extra)")),
     "sample.gpu_memory": ("SLM_BENCH_SAMPLE_GPU_MEMORY", ParamSpec("gpu_memory", "float", 0.5,
                                                                    "the GPU share a vLLM engine may take (ours; training shares the GPU)")),
+    "cpu.mkl_cbwr": ("MKL_CBWR", ParamSpec("mkl_cbwr", "str", "AUTO,STRICT",
+                                           "oneMKL's reproducibility mode: AUTO,STRICT gives float32 matmuls the same bits on any "
+                                           "number of threads, so a stage's result does not depend on how --jobs shared the cores "
+                                           "(ours); empty: MKL's default")),
 }
+_MKL_CBWR_FORM = re.compile(r"((BRANCH=)?[A-Z][A-Z0-9_]*(,STRICT)?)?")  # oneMKL's `<branch>[,STRICT]`; it ignores anything else silently
 
 
 def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
@@ -346,6 +352,8 @@ def engine_settings(profile: Profile, sets: list[str] = ()) -> dict[str, Any]:
         raise BadInput(f"sample.backend must be {' or '.join(SAMPLE_BACKENDS)}, got {values['sample.backend']!r}")
     if not 0 < values["sample.gpu_memory"] <= 1:
         raise BadInput(f"sample.gpu_memory is a share of the GPU, in (0, 1], got {values['sample.gpu_memory']}")
+    if not _MKL_CBWR_FORM.fullmatch(values["cpu.mkl_cbwr"]):
+        raise BadInput(f"cpu.mkl_cbwr is oneMKL's MKL_CBWR, <branch>[,STRICT] such as AUTO,STRICT (or empty), got {values['cpu.mkl_cbwr']!r}")
     return values
 
 
