@@ -436,55 +436,72 @@ HFSampler._completion_length, HFSampler._stop_string_hit = _completion_length, _
 
 # %% ../../nbs/infer/01_sampling.ipynb #fd59e13d
 def _generate_lean(self: HFSampler, prompts: list[list[int]], params: SamplingParams, noise) -> list[list[Completion]]:
+    """Sample with the lean decoder. The bookkeeping is in tensors: each step writes every row's token and log-probability
+    at column t of a [rows, max_new] buffer (an active row has exactly t tokens before step t) and a row's length is set
+    when it finishes, so Python visits only rows that finish, and stop-string candidates (tokens that can end one)."""
     n, B = params.n, len(prompts)
     N = B * n
     stop_ids = default_stop_ids(self.tokenizer, params)
     caps = [min(params.max_new_tokens, self.max_context - len(p)) for p in prompts]
     max_new = max(caps)
-    tokens_out = [[] for _ in range(N)]
-    logprobs_out = [[] for _ in range(N)]
     reasons = ["length"] * N
     if max_new == 0:
-        return self._finish(prompts, tokens_out, logprobs_out, reasons, params, n)
+        return self._finish(prompts, [[] for _ in range(N)], [[] for _ in range(N)], reasons, params, n)
     ids, mask = self._left_pad(prompts)
     logits, prompt_cache = self.lean.prefill(ids, mask)
     logits = logits.repeat_interleave(n, dim=0)
     positions = mask.sum(-1).repeat_interleave(n)  # next position of each row
+    tokens_buf, logprobs_buf = torch.empty(N, max_new, dtype=torch.long), torch.empty(N, max_new)
+    lengths = [max_new] * N  # each row's final length, set when it finishes
+    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long)
+    cap_of_row = torch.tensor(caps).repeat_interleave(n)  # by original row
     rows = list(range(N))  # the original (prompt-major) index of each row still in the batch
-    active = [True] * N
+    rows_t, active = torch.arange(N), torch.ones(N, dtype=torch.bool)
     window = max((len(s) for s in params.stop), default=0) + 8
     enders = self.enders(params.stop) if params.stop else None
+    ender_tensor = None if enders is None else torch.tensor(sorted(enders), dtype=torch.long)
     with self.lean.reused_cache(N, max_new, n) as gen_cache:  # the last call's buffer: no fresh pages to fault in
         for t in range(max_new):
             follow_thread_budget()  # under `slm-bench run --jobs N`: this stage's current share of the cores
             token, logprob = sample_from_logits(logits, params, noise)
-            for r, (orig, tok, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist())):
-                if not active[r]:
-                    continue
-                tokens_out[orig].append(tok)
-                logprobs_out[orig].append(lp)
-                if tok in stop_ids:
-                    reasons[orig], active[r] = "stop", False
-                elif params.stop and (enders is None or tok in enders) and self._stop_string_hit(tokens_out[orig], params, window):
-                    reasons[orig], active[r] = "stop", False
-                elif len(tokens_out[orig]) >= caps[orig // params.n]:
-                    active[r] = False
-            if not any(active) or t == max_new - 1:
+            token_cpu = token.cpu()
+            tokens_buf[rows_t, t], logprobs_buf[rows_t, t] = token_cpu, logprob.cpu()
+            stopped = active & torch.isin(token_cpu, stop_tensor)
+            if params.stop:  # rows whose token can end a stop string: decode their tail
+                maybe = active & ~stopped
+                if ender_tensor is not None:
+                    maybe &= torch.isin(token_cpu, ender_tensor)
+                for r in maybe.nonzero()[:, 0].tolist():
+                    tail = tokens_buf[rows[r], max(0, t - window):t + 1].tolist()  # the last window + 1 tokens: all the check reads
+                    stopped[r] = self._stop_string_hit(tail, params, window)
+            finished = stopped | (active & (t + 1 >= cap_of_row[rows_t]))
+            changed = bool(finished.any())
+            if changed:
+                for r, stop in zip(finished.nonzero()[:, 0].tolist(), stopped[finished].tolist()):
+                    lengths[rows[r]] = t + 1
+                    if stop:
+                        reasons[rows[r]] = "stop"
+                active &= ~finished
+            if not active.any() or t == max_new - 1:
                 break
-            # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
-            keep = [i for i in range(len(rows) // n) if any(active[i * n:(i + 1) * n])]
-            if len(keep) <= 0.75 * (len(rows) // n):
-                prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
-                    keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active, written=t)
-                noise.keep(keep, n)
-            # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
-            if n > 1 and isinstance(noise, SampleNoise) and sum(active) <= self.single_rows_at * len(rows):
-                alive = [r for r, a in enumerate(active) if a]
-                prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
-                    alive, n, prompt_cache, gen_cache, mask, token, positions, rows, written=t)
-                noise.keep_rows(alive)
-                n = 1
+            if changed or t == 0:  # the batch's shape can change only when rows have finished
+                # prompts whose n samples have all finished leave the batch (otherwise each costs a full step to the end)
+                keep = active.view(-1, n).any(dim=1).nonzero()[:, 0].tolist()
+                if len(keep) <= 0.75 * (len(rows) // n):
+                    prompt_cache, gen_cache, mask, token, positions, rows, active = self._drop_finished(
+                        keep, n, prompt_cache, gen_cache, mask, token, positions, rows, active, written=t)
+                    noise.keep(keep, n)
+                # most samples done but their prompts' slowest still running: the active rows go on alone (content-seeded draws only)
+                if n > 1 and isinstance(noise, SampleNoise) and int(active.sum()) <= self.single_rows_at * len(rows):
+                    alive = active.nonzero()[:, 0].tolist()
+                    prompt_cache, gen_cache, mask, token, positions, rows, active = self._single_rows(
+                        alive, n, prompt_cache, gen_cache, mask, token, positions, rows, written=t)
+                    noise.keep_rows(alive)
+                    n = 1
+                rows_t = torch.tensor(rows, dtype=torch.long)
             logits = self.lean.step(token, positions + t, prompt_cache, mask, gen_cache, t, n)
+    tokens_out = [tokens_buf[r, :lengths[r]].tolist() for r in range(N)]
+    logprobs_out = [logprobs_buf[r, :lengths[r]].tolist() for r in range(N)]
     return self._finish(prompts, tokens_out, logprobs_out, reasons, params, params.n)
 
 
@@ -501,7 +518,7 @@ def _compact(buffer: torch.Tensor, rows: torch.Tensor, written: int | None = Non
 
 
 def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, active, written: int):
-    "The batch's state with only the prompts at positions `keep` (and their n rows each) left in it; `written`: generated positions so far."
+    "The batch's state with only the prompts at positions `keep` (and their n rows each) left in it (`active`: a bool mask per row); `written`: generated positions so far."
     kept = torch.tensor(keep, device=self.device)
     kept_rows = (kept[:, None] * n + torch.arange(n, device=self.device)).reshape(-1)
     prompt_cache = [(_compact(k, kept), _compact(v, kept)) for k, v in prompt_cache]
@@ -509,8 +526,7 @@ def _drop_finished(self: HFSampler, keep: list[int], n: int, prompt_cache, gen_c
     gen_cache = [(_compact(k, gen_kept, written), _compact(v, gen_kept, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, kept), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
     rows = [rows[i] for i in kept_rows.tolist()]
-    active = [active[i] for i in kept_rows.tolist()]
-    return prompt_cache, gen_cache, mask, token, positions, rows, active
+    return prompt_cache, gen_cache, mask, token, positions, rows, active.index_select(0, kept_rows.cpu())
 
 
 def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_cache, mask, token, positions, rows, written: int):
@@ -524,7 +540,7 @@ def _single_rows(self: HFSampler, alive: list[int], n: int, prompt_cache, gen_ca
     else:
         gen_cache = [(_compact(k, kept_rows, written), _compact(v, kept_rows, written)) for k, v in gen_cache]
     mask, token, positions = mask.index_select(0, prompt_of), token.index_select(0, kept_rows), positions.index_select(0, kept_rows)
-    return prompt_cache, gen_cache, mask, token, positions, [rows[r] for r in alive], [True] * len(alive)
+    return prompt_cache, gen_cache, mask, token, positions, [rows[r] for r in alive], torch.ones(len(alive), dtype=torch.bool)
 
 
 HFSampler._drop_finished, HFSampler._single_rows = _drop_finished, _single_rows
