@@ -18,7 +18,8 @@ from ..lm.packing import left_pad
 # %% auto #0
 __all__ = ['Prompt', 'SamplingParams', 'Completion', 'Sampler', 'encode_prompt', 'check_prompts', 'default_stop_ids',
            'decode_continuation', 'stop_enders', 'finish_text', 'prompt_generators', 'PromptNoise', 'content_key',
-           'counter_uniform', 'SampleNoise', 'request_seed', 'make_noise', 'sample_from_logits', 'HFSampler']
+           'key_hashes', 'step_uniform', 'counter_uniform', 'SampleNoise', 'request_seed', 'make_noise',
+           'sample_from_logits', 'HFSampler']
 
 # %% ../../nbs/infer/01_sampling.ipynb #151844ab
 @dataclass
@@ -209,13 +210,13 @@ class PromptNoise:
 _M32 = 0xFFFFFFFF
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    "(x * c) mod 2**32 for int64 tensors holding 32-bit values, without ever overflowing int64."
+def _mul32(x: torch.Tensor | int, c: int) -> torch.Tensor | int:
+    "(x * c) mod 2**32 for int64 tensors (or a Python int) holding 32-bit values, without ever overflowing int64."
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    "A bijective 32-bit integer hash (Wellons' lowbias32)."
+def _mix32(x: torch.Tensor | int) -> torch.Tensor | int:
+    "A bijective 32-bit integer hash (Wellons' lowbias32), elementwise on a tensor or on one Python int."
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
@@ -233,11 +234,19 @@ def content_key(seed: int, prompt: Prompt) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
+def key_hashes(keys: torch.Tensor) -> torch.Tensor:
+    "`counter_uniform`'s first half, the same at every step: one 32-bit hash per key (int64 tensor of 62-bit keys)."
+    return _mix32(_mix32(keys >> 31 & 0x7FFFFFFF) ^ (keys & 0x7FFFFFFF))
+
+
+def step_uniform(hashes: torch.Tensor, step: int) -> torch.Tensor:
+    "`counter_uniform`'s second half: uniforms in (0, 1) from `key_hashes` at `step` (the step's hash is one Python int)."
+    return ((_mix32(hashes ^ _mix32(step & _M32)) >> 8).double() + 0.5) / 2**24
+
+
 def counter_uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
     "Uniform (0, 1) numbers, one per key (int64 tensor of 62-bit keys), a pure function of (key, step)."
-    h = _mix32(_mix32(keys >> 31 & 0x7FFFFFFF) ^ (keys & 0x7FFFFFFF))
-    h = _mix32(h ^ _mix32(torch.full_like(keys, step & _M32)))
-    return ((h >> 8).double() + 0.5) / 2**24
+    return step_uniform(key_hashes(keys), step)
 
 # %% ../../nbs/infer/01_sampling.ipynb #b767f593
 class SampleNoise:
@@ -247,20 +256,22 @@ class SampleNoise:
 
     def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0, fused: bool = True):
         self.keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
+        self.hashes = key_hashes(self.keys)  # hashed once: each step then mixes in only its own number
         self.step = 0
         self.fused = fused
 
     def keep(self, prompt_positions: Sequence[int], n: int) -> None:
         "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
         rows = torch.tensor([i * n + j for i in prompt_positions for j in range(n)], dtype=torch.long)
-        self.keys = self.keys.index_select(0, rows)
+        self.keys, self.hashes = self.keys.index_select(0, rows), self.hashes.index_select(0, rows)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         "Only these rows (positions in the current batch) remain, each now a batch entry of its own; their draws continue unchanged."
-        self.keys = self.keys.index_select(0, torch.tensor(list(rows), dtype=torch.long))
+        rows = torch.tensor(list(rows), dtype=torch.long)
+        self.keys, self.hashes = self.keys.index_select(0, rows), self.hashes.index_select(0, rows)
 
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
-        u = counter_uniform(self.keys, self.step).to(scores.device)
+        u = step_uniform(self.hashes, self.step).to(scores.device)  # counter_uniform(self.keys, self.step)
         self.step += 1
         ops = _compiled_picks(scores, self.fused)
         if ops is not None:
