@@ -168,8 +168,11 @@ at::Tensor gumbel_argmax(const at::Tensor& scores, const at::Tensor& u) {
   return out;
 }
 
-// The first index whose cumulative softmax(scores) (in double, normalised by its last entry) reaches u, per row: an
-// inverse-CDF draw with one uniform u per row (torch: softmax, cumsum, divide, searchsorted).
+// The first index whose cumulative softmax(scores) (in double) reaches u, per row: an inverse-CDF draw with one
+// uniform u per row (torch: softmax, cumsum, divide by the last entry, searchsorted). The sums run in another order
+// than torch's, so a pick can differ only where u lies within rounding (~1e-16) of a boundary.
+constexpr int64_t PICK_BLOCK = 64;  // tokens per block of the cumulative scan
+
 at::Tensor inverse_cdf_pick(const at::Tensor& scores, const at::Tensor& u) {
   check_float(scores, "inverse_cdf_pick", "scores");
   TORCH_CHECK(u.scalar_type() == at::kDouble && u.is_contiguous() && u.device().is_cpu(),
@@ -190,13 +193,22 @@ at::Tensor inverse_cdf_pick(const at::Tensor& scores, const at::Tensor& u) {
       double total = 0.0;
 #pragma omp simd reduction(+:total)
       for (int64_t v = 0; v < V; ++v) { p[v] = exp(static_cast<double>(s[v]) - top); total += p[v]; }
-      double last = 0.0;
-      for (int64_t v = 0; v < V; ++v) { p[v] /= total; last += p[v]; }  // the cumulative sum's last entry
+      // the first v whose cumulative weight reaches u * total: whole blocks skipped by their sums, then the crossing
+      // block token by token (the specification's cdf / cdf[-1] >= u without normalising every entry)
+      const double target = U[r] * total;
       double running = 0.0;
+      int64_t v0 = 0;
+      for (; v0 + PICK_BLOCK <= V; v0 += PICK_BLOCK) {
+        double block = 0.0;
+#pragma omp simd reduction(+:block)
+        for (int64_t v = v0; v < v0 + PICK_BLOCK; ++v) block += p[v];
+        if (running + block >= target) break;
+        running += block;
+      }
       int64_t pick = V - 1;
-      for (int64_t v = 0; v < V; ++v) {
+      for (int64_t v = v0; v < V; ++v) {
         running += p[v];
-        if (running / last >= U[r]) { pick = v; break; }
+        if (running >= target) { pick = v; break; }
       }
       O[r] = pick;
     }
