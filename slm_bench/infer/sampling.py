@@ -255,23 +255,21 @@ class SampleNoise:
     where it builds; the torch ops below are its specification."""
 
     def __init__(self, seed: int, prompts: Sequence[Sequence[int]], n: int, first_sample: int = 0, fused: bool = True):
-        self.keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
-        self.hashes = key_hashes(self.keys)  # hashed once: each step then mixes in only its own number
+        keys = torch.tensor([(content_key(seed, p) + first_sample + j) % 2**62 for p in prompts for j in range(n)], dtype=torch.int64)
+        self.hashes = key_hashes(keys)  # each row's key hashed once: a step then mixes in only its own number
         self.step = 0
         self.fused = fused
 
     def keep(self, prompt_positions: Sequence[int], n: int) -> None:
         "Only these prompts (positions in the current batch) remain; their draws continue unchanged."
-        rows = torch.tensor([i * n + j for i in prompt_positions for j in range(n)], dtype=torch.long)
-        self.keys, self.hashes = self.keys.index_select(0, rows), self.hashes.index_select(0, rows)
+        self.hashes = self.hashes.index_select(0, torch.tensor([i * n + j for i in prompt_positions for j in range(n)], dtype=torch.long))
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         "Only these rows (positions in the current batch) remain, each now a batch entry of its own; their draws continue unchanged."
-        rows = torch.tensor(list(rows), dtype=torch.long)
-        self.keys, self.hashes = self.keys.index_select(0, rows), self.hashes.index_select(0, rows)
+        self.hashes = self.hashes.index_select(0, torch.tensor(list(rows), dtype=torch.long))
 
     def pick(self, scores: torch.Tensor) -> torch.Tensor:
-        u = step_uniform(self.hashes, self.step).to(scores.device)  # counter_uniform(self.keys, self.step)
+        u = step_uniform(self.hashes, self.step).to(scores.device)  # counter_uniform(each row's key, self.step)
         self.step += 1
         ops = _compiled_picks(scores, self.fused)
         if ops is not None:
