@@ -10,6 +10,7 @@ import nbformat
 import pytest
 
 from conftest import PIPELINES, SLM_BENCH
+from slm_bench.core.config import KEEP_FREED_MEMORY
 
 BASIC = PIPELINES / "basic"
 FAILING = PIPELINES / "failing"
@@ -54,6 +55,7 @@ def test_environment_stage_through_the_real_kernel(cli, tmp_path):
     assert determined["seeds"] == {"seed": 0} and determined["python_hash_seed"] == os.environ.get("PYTHONHASHSEED", "0")
     assert (determined["torch_threads"], determined["cpu"]["model"]) == (env["cpu"]["torch_threads"], env["cpu"]["model"])
     assert determined["env"]["MKL_CBWR"] == "AUTO,STRICT"  # cpu.mkl_cbwr's default reached the kernel: matmuls ignore the thread count
+    assert determined["env"]["GLIBC_TUNABLES"] == KEEP_FREED_MEMORY  # cpu.glibc_tunables's default reached it too
     assert manifest["versions"]["tokenizers"] and not (stage / ".runtime.json").exists()  # moved into the manifest
 
     executed = nbformat.read(stage / "notebook.ipynb", as_version=4)

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from slm_bench.core.config import KEEP_FREED_MEMORY
 from slm_bench.data.mixture import Source, epochs
 from slm_bench.train.engine import CausalLM, resolve_precision
 
@@ -337,7 +338,7 @@ def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_p
     for stage in ("pretrain", "sft"):
         manifest = read(copy / stage / "manifest.json")
         assert manifest["engine"] == {"train.strategy": "fsdp", "train.processes": 2, "sample.backend": "hf", "sample.gpu_memory": 0.5,
-                                      "cpu.mkl_cbwr": "AUTO,STRICT"}, stage
+                                      "cpu.mkl_cbwr": "AUTO,STRICT", "cpu.glibc_tunables": KEEP_FREED_MEMORY}, stage
         assert manifest["cache_key"] != read(run_dir / stage / "manifest.json")["cache_key"], stage  # the setting is in the key
         launch = yaml.safe_load((copy / stage / "train" / "launch" / "accelerate.yaml").read_text())
         assert (launch["distributed_type"], launch["num_processes"], launch["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]) == \

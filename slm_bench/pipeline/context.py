@@ -97,7 +97,7 @@ def runtime_facts(hash_seed: str | None = None) -> dict:
     """Threads, CPU, torch's kernel choice, the engine's training precision and the string-hash seed (as it was when the process started: pass it in) of this
     process; torch's only when torch is already imported (a stage that does not use it pays nothing)."""
     facts = {"python_hash_seed": hash_seed if hash_seed is not None else "random", "cpu": _cpu(), "logical_cores": os.cpu_count(),
-             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "CUBLAS_WORKSPACE_CONFIG", "SLM_BENCH_MIXED_PRECISION")}}
+             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "GLIBC_TUNABLES", "CUBLAS_WORKSPACE_CONFIG", "SLM_BENCH_MIXED_PRECISION")}}
     torch = sys.modules.get("torch")
     if torch is None:
         return facts

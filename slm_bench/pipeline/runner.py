@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import nbformat
 
-from ..core.config import ENGINE_SETTINGS, Profile, engine_environment, engine_settings, get_profile, resolve_parameters
+from ..core.config import ENGINE_SETTINGS, SPEED_ONLY_SETTINGS, Profile, engine_environment, engine_settings, get_profile, resolve_parameters
 from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
 from ..core.paths import find_project_root, package_dir, package_versions
@@ -163,8 +163,10 @@ def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], li
 
 
 def key_params(plan: Plan, name: str) -> dict:
-    "The settings a stage's cache key covers: its parameters, and the run's training and sampling settings where they are not the defaults."
-    changed = {key: value for key, value in plan.engine.items() if value != ENGINE_SETTINGS[key][1].default}
+    """The settings a stage's cache key covers: its parameters, and the run's training and sampling settings where they are not
+    the defaults (but not those that change only its speed, `SPEED_ONLY_SETTINGS`)."""
+    changed = {key: value for key, value in plan.engine.items()
+               if value != ENGINE_SETTINGS[key][1].default and key not in SPEED_ONLY_SETTINGS}
     return {**plan.params[name], **changed}
 
 
