@@ -36,6 +36,9 @@ def _has_mallinfo2() -> bool:
         return False
 
 
+pytestmark = pytest.mark.skipif(not _has_mallinfo2(), reason="glibc 2.33 or later (mallinfo2) reports where malloc put a block")
+
+
 def _allocate_and_free(sets: list[str]) -> dict:
     stage_env = engine_environment(engine_settings(PROFILES["tiny"], sets))
     proc = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE], env={**os.environ, **stage_env}, capture_output=True, text=True,
@@ -44,14 +47,12 @@ def _allocate_and_free(sets: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc 2.33 or later (mallinfo2) reports where malloc put a block")
 def test_a_stage_kernel_keeps_freed_blocks_in_its_heap():
     """With the default setting the block comes from glibc's heap and stays there when freed, for the next step's tensors."""
     assert engine_environment(engine_settings(PROFILES["tiny"]))["GLIBC_TUNABLES"] == KEEP_FREED_MEMORY
     assert _allocate_and_free([]) == {"mmapped_mib": 0, "heap_kept_mib": 30}
 
 
-@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc 2.33 or later (mallinfo2) reports where malloc put a block")
 def test_with_glibc_defaults_the_block_is_mapped_and_returned():
     """`--set cpu.glibc_tunables=` (glibc's defaults): the block is mmapped and handed back to the system when freed, so the
     next one of its size page-faults all its pages afresh. This is what the setting removes."""

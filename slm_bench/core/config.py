@@ -337,8 +337,8 @@ ENGINE_SETTINGS: dict[str, tuple[str, ParamSpec]] = {  # key -> (the environment
                                            "(ours); empty: MKL's default")),
     "cpu.glibc_tunables": ("GLIBC_TUNABLES", ParamSpec("glibc_tunables", "str", KEEP_FREED_MEMORY,
                                                        "glibc's malloc tunables for stage kernels: the default keeps freed memory "
-                                                       "for reuse, so a training step's tensors land on pages already mapped "
-                                                       "instead of page-faulting fresh ones (ours; speed only); empty: glibc's")),
+                                                       "for reuse, so most of a training step's tensors land on pages already "
+                                                       "mapped instead of page-faulting fresh ones (ours; speed only); empty: glibc's")),
 }
 SPEED_ONLY_SETTINGS = ("cpu.glibc_tunables",)  # change how fast a stage runs, never its results: outside stage cache keys
 _MKL_CBWR_FORM = re.compile(r"((BRANCH=)?[A-Z][A-Z0-9_]*(,STRICT)?)?")  # oneMKL's `<branch>[,STRICT]`; it ignores anything else silently
