@@ -151,16 +151,20 @@ def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyProm
            "unsafe_refused": [f.refused for f in unsafe], "unsafe_acted": [not f.safe for f in unsafe], "borderline_refused": [f.refused for f in borderline]}
     sigmoid = lambda xs: [1 / (1 + math.exp(-x)) for x in xs]
     prompt_ids = lambda items: [sampler.tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in items]
-    if helpful_rm is not None:
-        out["helpful_reward"] = accuracy_ci(sigmoid(reward_scores(helpful_rm, prompt_ids(problems), [g[0].token_ids for g in greedy])))
-    if safety_rm is not None:
-        out["safety_reward_items"] = sigmoid(reward_scores(safety_rm, prompt_ids(safety), [a[0].token_ids for a in answers]))
-        out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
-    if helpful_rm is not None and safety_rm is not None:  # R_c of every greedy answer: problems first, then safety prompts
-        from slm_bench.methods.rejection_sampling import score_with_rc
+    problem_prompt_ids, safety_prompt_ids = prompt_ids(problems), prompt_ids(safety)
+    if helpful_rm is not None and safety_rm is not None:  # each model scores every greedy answer once (problems, then safety
+        from slm_bench.methods.rejection_sampling import score_with_rc  # prompts): R_c and both mean rewards read those scores
 
-        scored = score_with_rc(helpful_rm, safety_rm, prompt_ids(problems) + prompt_ids(safety), [[g[0]] for g in greedy] + [[a[0]] for a in answers],
+        scored = score_with_rc(helpful_rm, safety_rm, problem_prompt_ids + safety_prompt_ids, [[g[0]] for g in greedy] + [[a[0]] for a in answers],
                                [False] * len(problems) + [True] * len(safety))
+        out["helpful_reward"] = accuracy_ci([g[0] for g in scored["helpful"][:len(problems)]])
+        out["safety_reward_items"] = [g[0] for g in scored["safety"][len(problems):]]
+        out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
         out["rc_items"] = [g[0] for g in scored["rc"]]
         out["rc"] = accuracy_ci(out["rc_items"])
+    elif helpful_rm is not None:
+        out["helpful_reward"] = accuracy_ci(sigmoid(reward_scores(helpful_rm, problem_prompt_ids, [g[0].token_ids for g in greedy])))
+    elif safety_rm is not None:
+        out["safety_reward_items"] = sigmoid(reward_scores(safety_rm, safety_prompt_ids, [a[0].token_ids for a in answers]))
+        out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
     return out
