@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help setup js-assets sandbox-deps run profile ablation-validate test check-sync nbdev-test pytest lab bench export report clean-runs
+.PHONY: help setup js-assets sandbox-deps run profile ablation-validate test test-slow check-sync nbdev-test pytest lab bench export report clean-runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +30,8 @@ help:
 	@echo "make run      run every recipe on the embedded tiny world (CPU) and print the report path"
 	@echo "make run RECIPE=phi4   one recipe (and the stages it needs)"
 	@echo "make ablation-validate   after make run: TinyGSM's unvalidated data against curate.validate_answers=true, one table"
-	@echo "make test     notebook/library sync check, nbdev_test, then pytest"
+	@echo "make test     notebook/library sync check, nbdev_test, then pytest (all but the slow integration tests)"
+	@echo "make test-slow   the slow integration tests: the smoke profile end to end, through Slurm, JupyterLab in a browser"
 	@echo "make lab      JupyterLab with the slm-bench kernel"
 	@echo "make bench    benchmarks (slm-bench bench)"
 	@echo "make profile  make run under py-spy into \$$(RUN)-profile, then where its time went (slm-bench stacks)"
@@ -77,7 +78,11 @@ run: $(STAMP) sandbox-deps
 test: $(STAMP) sandbox-deps
 	$(BIN)/python tests/nbdev_sync.py
 	$(BIN)/nbdev_test --path nbs --skip_folder_re '^(stages|[_.].*)$$'
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not slow"
+# The integration tests marked slow (pytest -m slow): the smoke profile end to end through the runner (and again through
+# a one-node Slurm), and JupyterLab in a browser. Minutes each, so outside `make test`; CI (.ci/run) runs both.
+test-slow: $(STAMP) sandbox-deps
+	$(BIN)/python -m pytest tests -m slow
 # TinyGSM keeps the teacher's solutions unchecked (curate's default); the ablation validates them. It reruns the chain
 # from curate to evaluate into $(RUN)-validated and writes one table beside the default run (which make run made).
 ablation-validate: $(STAMP) sandbox-deps

@@ -82,6 +82,7 @@ def smoke_submitted(slurm, tmp_path_factory):
     return run_dir, reports, failed, first_status, first_index, resumed
 
 
+@pytest.mark.slow  # the smoke profile through Slurm twice: `make test-slow`
 def test_a_failed_stage_cancels_its_dependents_and_the_message_names_it(smoke_submitted):
     run_dir, _, failed, (code, rows), index, _ = smoke_submitted
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
@@ -101,6 +102,7 @@ def test_a_failed_stage_cancels_its_dependents_and_the_message_names_it(smoke_su
     assert f"Slurm job {rows['mixture']['job_id']} (failed) &middot; <a href='logs/mixture-{rows['mixture']['job_id']}.log'>log</a>" in index
 
 
+@pytest.mark.slow  # the smoke profile through Slurm twice: `make test-slow`
 def test_the_resubmission_resumes_and_every_stage_finishes(smoke_submitted):
     run_dir, reports, _, (_, first), _, resumed = smoke_submitted
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -118,6 +120,7 @@ def test_the_resubmission_resumes_and_every_stage_finishes(smoke_submitted):
     assert '<span class="ok">ok</span>' in (reports / "run" / "index.html").read_text()
 
 
+@pytest.mark.slow  # the smoke profile through Slurm twice: `make test-slow`
 def test_each_job_waits_for_the_jobs_of_its_inputs(smoke_submitted):
     "The job graph: afterok on exactly the jobs of the stage's inputs submitted with it; the report job afterany on all."
     from slm_bench.pipeline.stages import discover_stages

@@ -9,6 +9,8 @@ from slm_bench.core.config import KEEP_FREED_MEMORY
 from slm_bench.data.mixture import Source, epochs
 from slm_bench.train.engine import CausalLM, resolve_precision
 
+pytestmark = pytest.mark.slow  # the smoke profile's whole run, minutes: `make test-slow` (CI runs it)
+
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
@@ -243,7 +245,6 @@ TIMING_FILES = {"metrics.json", "train/metrics.jsonl"}  # metrics.json is compar
 REPRODUCED_STAGES = ("synth", "curate", "mixture", "pretrain", "sft")
 
 
-@pytest.mark.slow
 def test_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
     """Reproducibility on one machine: metrics identical to the last bit (timings aside) and byte-identical models.
 
@@ -317,7 +318,6 @@ def test_stages_sample_on_the_backend_the_run_chose(smoke_run, tmp_path):
     assert manifest["cache_key"] != read(run_dir / "pts" / "manifest.json")["cache_key"]
 
 
-@pytest.mark.slow
 def test_training_stages_train_sharded_with_train_strategy_fsdp(smoke_run, tmp_path):
     """`--set train.strategy=fsdp --set train.processes=2`: pretrain and sft train under `accelerate launch` with FSDP
     (two CPU processes over gloo here, GPUs on a node), and the rest of each notebook goes on with the trained weights.
