@@ -297,7 +297,8 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if config.compile:
             # in place (`nn.Module.compile`): parameters, state dict and checkpoints stay those of the plain model. On the sft
-            # stage's step it ran 1.31x on a 2-core CPU after a first step of about 30 s (inductor writes C++: needs a compiler)
+            # stage's step it ran 1.31x on a 2-core CPU after a first step of about 30 s (inductor writes C++: needs a compiler).
+            # On a CPU the bits of inductor's own kernels depend on the thread count (eager's do not, under MKL_CBWR=...,STRICT)
             self.trained_model().compile()
         self.schedule = make_schedule(self.optimizer, config)
         self.accelerator.register_for_checkpointing(self.schedule)
