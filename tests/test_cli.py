@@ -178,6 +178,40 @@ def test_compare_two_runs_one_set_apart(cli, tmp_path):
     assert page.read_text().count("<table class='slm-bench'>") == 2
 
 
+def _run_with_results(folder, rows):
+    "A run folder as the runner leaves it: one stage whose table has `rows` (row: right answers of 100) and each row's paired difference to the first."
+    from slm_bench.evals.metrics import accuracy_ci, paired_difference_ci
+    from slm_bench.evals.table import BenchmarkTable
+
+    answers = {row: [1] * right + [0] * (100 - right) for row, right in rows.items()}
+    reference = next(iter(rows))
+    table = BenchmarkTable("method")
+    for row, correct in answers.items():
+        table.add(row, "pass@1", accuracy_ci(correct))
+        if row != reference:
+            table.add_difference(row, reference, "pass@1", paired_difference_ci(correct, answers[reference]))
+    table.save(folder / "evaluate" / "tables" / "results.json")
+    (folder / "summary.json").write_text(json.dumps({"stages": [{"name": "evaluate", "metrics": {}}], "metrics": {}}))
+    return folder
+
+
+def test_compare_kept_says_which_results_a_faster_run_lost(cli, tmp_path):
+    "compare --kept SLOWER FASTER: exit 0 when every result stayed; exit 1 and one line per result that left its interval or changed direction."
+    slower = _run_with_results(tmp_path / "slower", {"SFT": 50, "DPO": 70})
+    same = cli("compare", "--kept", slower, _run_with_results(tmp_path / "same", {"SFT": 52, "DPO": 68}))
+    assert same.returncode == 0, same
+    assert same.stdout.splitlines() == ["all 3 results kept: every value lies inside the slower run's interval and every paired difference keeps its direction"]
+    moved = cli("compare", "--kept", slower, _run_with_results(tmp_path / "faster", {"SFT": 45, "DPO": 46}))
+    assert moved.returncode == 1, moved
+    assert moved.stdout.splitlines() == [
+        "1 of 3 results kept; 2 not kept:",
+        "  outside   evaluate/results: DPO / pass@1: slower 70.0 [61.0, 78.0] (n=100), faster 46.0 [36.0, 56.0] (n=100)",
+        "  direction evaluate/results: DPO − SFT / pass@1: slower +20.0 [12.0, 28.0] (n=100), faster +1.0 [0.0, 3.0] (n=100)",
+    ]
+    three = cli("compare", "--kept", slower, tmp_path / "same", tmp_path / "faster")
+    assert three.returncode == 2 and "--kept compares two runs, the slower then the faster; got 3 run folder(s)" in three.stderr
+
+
 def test_stacks_sums_a_profiled_runs_time_into_parts(cli, tmp_path):
     "slm-bench stacks on py-spy's raw format: kernel samples per part at --rate, the sandbox workers apart; a missing file exits 2 and says what writes it."
     stacks = tmp_path / "stacks.txt"

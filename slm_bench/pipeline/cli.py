@@ -150,10 +150,16 @@ def cmd_report(args) -> int:
     return 0
 
 def cmd_compare(args) -> int:
-    "One table across runs (each table every run has, and the metrics they share), printed and written as HTML."
-    from slm_bench.pipeline.compare import compare_markdown, compare_page, compare_runs, run_labels
+    "One table across runs (each table every run has, and the metrics they share), printed and written as HTML; with `--kept`, whether a faster run kept a slower one's results."
+    from slm_bench.pipeline.compare import compare_markdown, compare_page, compare_runs, kept_text, results_kept, run_labels
 
     run_dirs = [resolve_path(p) for p in args.run_dirs]
+    if args.kept:
+        if len(run_dirs) != 2:
+            raise BadInput(f"--kept compares two runs, the slower then the faster; got {len(run_dirs)} run folder(s)")
+        checked, shifts = results_kept(*run_dirs)
+        print(kept_text(checked, shifts))
+        return 1 if shifts else 0
     tables = compare_runs(run_dirs)
     name = "__".join(label.replace("/", "_") for label in run_labels(run_dirs))
     out = resolve_path(args.out) if args.out else default_report_dir(args.report_dir) / "compare" / f"{name}.html"
@@ -493,6 +499,8 @@ def _add_run_commands(sub) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (holding summary.json)")
     p.add_argument("--out", help="the HTML file to write (default: <report-dir>/compare/<runs>.html)")
     p.add_argument("--report-dir", help="reports folder (default: reports)")
+    p.add_argument("--kept", action="store_true", help="SLOWER FASTER: did the faster run keep every result (each value inside "
+                   "the slower run's interval, each paired difference's direction)? Exits 1 when one moved")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("lab", help="open a finished run's stage in JupyterLab (parameters point at the run; outputs go to a scratch folder)")

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import html
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import BadInput
@@ -15,7 +17,8 @@ from .context import TABLES
 from .runner import SUMMARY
 
 # %% auto #0
-__all__ = ['read_run', 'metrics_table', 'run_labels', 'compare_runs', 'compare_markdown', 'compare_page']
+__all__ = ['read_run', 'metrics_table', 'run_labels', 'compare_runs', 'ResultShift', 'results_kept', 'kept_text',
+           'compare_markdown', 'compare_page']
 
 # %% ../../nbs/pipeline/05_compare.ipynb #ef4ce627
 def read_run(run_dir: Path | str) -> tuple[dict, dict[str, BenchmarkTable]]:
@@ -87,6 +90,71 @@ def compare_runs(run_dirs: list[Path | str]) -> dict[str, BenchmarkTable]:
     if not out:
         raise BadInput(f"the runs {', '.join(labels)} have no benchmark tables or numeric metrics in common: nothing to compare")
     return out
+
+# %% ../../nbs/pipeline/05_compare.ipynb #c1d088ac
+@dataclass(frozen=True)
+class ResultShift:
+    "A result of the slower run that the faster run did not keep, and how it moved."
+    table: str  # 'stage/name'
+    place: tuple[str, ...]  # (row, column); (row, reference, column) for a paired difference
+    slower: Estimate
+    faster: Estimate | None  # None: the faster run has no such result
+    how: str  # 'outside' the slower run's interval, 'direction' of a paired difference changed, or 'missing'
+
+
+def _has_interval(e: Estimate | None) -> bool:
+    return e is not None and e.low is not None and e.high is not None and not math.isnan(e.value)
+
+
+def _direction(e: Estimate) -> str:
+    "'+' when an interval lies above 0, '-' below, '0' across it."
+    return "+" if e.low > 0 else "-" if e.high < 0 else "0"
+
+
+def _shift(table: str, place: tuple, slower: Estimate, faster: Estimate | None, paired: bool) -> ResultShift | None:
+    "How `faster` failed to keep `slower`, or None when it kept it."
+    if faster is None or math.isnan(faster.value) or (paired and not _has_interval(faster)):
+        return ResultShift(table, place, slower, None, "missing")
+    if paired and _direction(faster) != _direction(slower):
+        return ResultShift(table, place, slower, faster, "direction")
+    if not slower.low - 1e-9 <= faster.value <= slower.high + 1e-9:
+        return ResultShift(table, place, slower, faster, "outside")
+    return None
+
+
+def results_kept(slower: Path | str, faster: Path | str) -> tuple[int, list[ResultShift]]:
+    """How many of the slower run's results (table cells and paired differences with an interval) were checked, and
+    the ones the faster run did not keep: its value outside the slower run's interval, a difference whose direction
+    changed, or a result it lacks. `BadInput` when the slower run has no result with an interval."""
+    _, old = read_run(slower)
+    _, new = read_run(faster)
+    checked, shifts = 0, []
+    for name, table in old.items():
+        other = new.get(name)
+        for paired, results, others in ((False, table.cells, other.cells if other else {}),
+                                        (True, table.differences, other.differences if other else {})):
+            for place, estimate in results.items():
+                if _has_interval(estimate):
+                    checked += 1
+                    shifts += [s for s in [_shift(name, place, estimate, others.get(place), paired)] if s]
+    if not checked:
+        raise BadInput(f"{slower} has no results with an interval to check (its tables have none)")
+    return checked, shifts
+
+
+def kept_text(checked: int, shifts: list[ResultShift]) -> str:
+    "The verdict as the CLI prints it: a count, then one line per result not kept."
+    if not shifts:
+        return (f"all {checked} results kept: every value lies inside the slower run's interval "
+                "and every paired difference keeps its direction")
+    lines = [f"{checked - len(shifts)} of {checked} results kept; {len(shifts)} not kept:"]
+    for s in shifts:
+        paired = len(s.place) == 3
+        where = f"{s.place[0]} − {s.place[1]} / {s.place[2]}" if paired else " / ".join(s.place)
+        faster = s.faster.text(signed=paired, with_n=True) if s.faster else "none"
+        lines.append(f"  {s.how:9s} {s.table}: {where}: slower {s.slower.text(signed=paired, with_n=True)}, faster {faster}")
+    return "\n".join(lines)
+
 
 # %% ../../nbs/pipeline/05_compare.ipynb #a49ad447
 def compare_markdown(tables: dict[str, BenchmarkTable]) -> str:
