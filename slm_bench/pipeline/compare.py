@@ -134,9 +134,12 @@ def results_kept(slower: Path | str, faster: Path | str) -> tuple[int, list[Resu
         for paired, results, others in ((False, table.cells, other.cells if other else {}),
                                         (True, table.differences, other.differences if other else {})):
             for place, estimate in results.items():
-                if _has_interval(estimate):
-                    checked += 1
-                    shifts += [s for s in [_shift(name, place, estimate, others.get(place), paired)] if s]
+                if not _has_interval(estimate):
+                    continue
+                checked += 1
+                shift = _shift(name, place, estimate, others.get(place), paired)
+                if shift:
+                    shifts.append(shift)
     if not checked:
         raise BadInput(f"{slower} has no results with an interval to check (its tables have none)")
     return checked, shifts
