@@ -130,9 +130,8 @@ def results_kept(slower: Path | str, faster: Path | str) -> tuple[int, list[Resu
     _, new = read_run(faster)
     checked, shifts = 0, []
     for name, table in old.items():
-        other = new.get(name)
-        for paired, results, others in ((False, table.cells, other.cells if other else {}),
-                                        (True, table.differences, other.differences if other else {})):
+        other = new.get(name) or BenchmarkTable(name)  # a table the faster run lacks: every result in it is missing
+        for paired, results, others in ((False, table.cells, other.cells), (True, table.differences, other.differences)):
             for place, estimate in results.items():
                 if not _has_interval(estimate):
                     continue
