@@ -113,24 +113,29 @@ class TestIndex:
     ns: tuple[int, ...] = (13, 8, 7)
     grams: dict[int, dict[tuple, list[int]]] = field(default_factory=dict)
     sizes7: list[int] = field(default_factory=list)
+    strip_numbers: bool = True  # TinyGSM strips numbers before matching; Phi-4 matches the text as written
 
     @classmethod
-    def build(cls, eval_sets: dict[str, Sequence[str]], ns: Sequence[int] = (13, 8, 7)) -> "TestIndex":
+    def build(cls, eval_sets: dict[str, Sequence[str]], ns: Sequence[int] = (13, 8, 7), strip_numbers: bool = True) -> "TestIndex":
         items = [(name, i, text) for name, texts in eval_sets.items() for i, text in enumerate(texts)]
-        index = cls(items, tuple(ns))
+        index = cls(items, tuple(ns), strip_numbers=strip_numbers)
         for n in ns:
             table: dict[tuple, list[int]] = defaultdict(list)
             for k, (_, _, text) in enumerate(items):
-                for gram in ngrams(content_words(text), n):
+                for gram in ngrams(index.words(text), n):
                     table[gram].append(k)
             index.grams[n] = dict(table)
-        index.sizes7 = [len(ngrams(content_words(text), 7)) for _, _, text in items]
+        index.sizes7 = [len(ngrams(index.words(text), 7)) for _, _, text in items]
         return index
+
+    def words(self, text: str) -> list[str]:
+        "`content_words` as this index matches them (numbers stripped or kept)."
+        return content_words(text, self.strip_numbers)
 
     def matches(self, text: str, n: int) -> dict[int, int]:
         "Test item → number of shared n-grams with `text`."
         hits: Counter = Counter()
-        for gram in ngrams(content_words(text), n):
+        for gram in ngrams(self.words(text), n):
             for k in self.grams[n].get(gram, ()):
                 hits[k] += 1
         return dict(hits)
@@ -141,7 +146,7 @@ def allowed_13grams(index: TestIndex, train_texts: Iterable[str], min_test_items
     common_in_test = {g for g, ks in index.grams[13].items() if len(set(ks)) >= min_test_items}
     counts: Counter = Counter()
     for text in train_texts:
-        counts.update(g for g in ngrams(content_words(text), 13) if g in common_in_test)
+        counts.update(g for g in ngrams(index.words(text), 13) if g in common_in_test)
     return {g for g, c in counts.items() if c >= min_train_texts}
 
 # %% ../../nbs/data/01_curate.ipynb #49654107
@@ -166,8 +171,9 @@ def tinygsm_verdict(text: str, index: TestIndex, n: int = 13) -> Verdict:
 # %% ../../nbs/data/01_curate.ipynb #fbabe6ae
 def phi4_verdict(text: str, index: TestIndex, allow: set[tuple] = frozenset(), contaminated_at: float = 0.5,
                  partial_at: float = 0.2) -> Verdict:
-    "Phi-4's hybrid check: a non-allowed 13-gram hit, else the maximal 7-gram overlap ratio against two thresholds."
-    words = content_words(text)
+    """Phi-4's hybrid check: a non-allowed 13-gram hit, else the maximal 7-gram overlap ratio against two thresholds.
+    Phi-4 matches text as written, numbers included: build `index` with `strip_numbers=False`."""
+    words = index.words(text)
     for gram in ngrams(words, 13):
         if gram in index.grams[13] and gram not in allow:
             k = index.grams[13][gram][0]

@@ -19,12 +19,13 @@ from ..core.errors import BadInput
 from ..core.store import jsonl_objects
 
 # %% auto #0
-__all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB', 'VERIFIER_VOCAB', 'ALL_VOCAB', 'FAMILIES',
-           'PROMPTS', 'DELIMITER', 'Step', 'Spec', 'SynthProblem', 'render', 'Vocab', 'fam_add', 'fam_subtract',
-           'fam_multiply', 'fam_divide', 'fam_remainder', 'fam_percent', 'fam_rate', 'fam_convert', 'fam_ages',
-           'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'add_irrelevant', 'held_out_sets',
-           'planted_error_twins', 'organic_corpus', 'code_corpus', 'load_prompts', 'ParseReport', 'extract_program',
-           'parse_joint', 'parse_questions', 'load_seed_questions', 'LLMTeacher']
+__all__ = ['NAMES', 'ITEMS', 'CONTAINERS', 'FOODS', 'TRAIN_VOCAB', 'TEST_VOCAB', 'VERIFIER_VOCAB', 'ALL_VOCAB',
+           'NEW_TEMPLATE_VOCAB', 'FAMILIES', 'PROMPTS', 'DELIMITER', 'Step', 'Spec', 'SynthProblem', 'render', 'Vocab',
+           'fam_add', 'fam_subtract', 'fam_multiply', 'fam_divide', 'fam_remainder', 'fam_percent', 'fam_rate',
+           'fam_convert', 'fam_ages', 'fam_money', 'fam_chain', 'Teacher', 'ProceduralTeacher', 'add_irrelevant',
+           'held_out_sets', 'sentence_templates', 'template_overlap', 'planted_error_twins', 'organic_corpus',
+           'code_corpus', 'load_prompts', 'ParseReport', 'extract_program', 'parse_joint', 'parse_questions',
+           'load_seed_questions', 'LLMTeacher']
 
 # %% ../../nbs/data/00_synth.ipynb #7e288954
 @dataclass
@@ -153,9 +154,11 @@ FOODS = [("sandwich", 4, 9), ("notebook", 2, 6), ("juice", 1, 4), ("pizza", 8, 1
 
 @dataclass(frozen=True)
 class Vocab:
-    "The names and items a teacher draws from. Held-out test problems use names and items training never sees."
+    """The names and items a teacher draws from, and its phrasing. Held-out test problems use names and items training
+    never sees; `phrasing="new"` also writes every sentence in a template no training problem uses."""
     names: tuple[tuple[str, str], ...]
     items: tuple[str, ...]
+    phrasing: str = "train"  # train: the templates training is written in; new: templates held out from every training set
 
 
 # Three disjoint pools, as TinyGSM's three distributions: the generator learns from synthetic problems (train),
@@ -165,6 +168,8 @@ TRAIN_VOCAB = Vocab(tuple(NAMES[:20]), tuple(ITEMS[:14]))
 TEST_VOCAB = Vocab(tuple(NAMES[20:26]), tuple(ITEMS[14:18]))
 VERIFIER_VOCAB = Vocab(tuple(NAMES[26:]), tuple(ITEMS[18:]))
 ALL_VOCAB = Vocab(tuple(NAMES), tuple(ITEMS))
+# The test names and items in templates training never sees: a test of the method, not of template recall.
+NEW_TEMPLATE_VOCAB = Vocab(TEST_VOCAB.names, TEST_VOCAB.items, phrasing="new")
 
 # %% ../../nbs/data/00_synth.ipynb #3d60db20
 def _irrelevant(rng: random.Random, avoid: str, v: Vocab = ALL_VOCAB) -> str:
@@ -178,16 +183,23 @@ def _irrelevant(rng: random.Random, avoid: str, v: Vocab = ALL_VOCAB) -> str:
     ])
 
 # %% ../../nbs/data/00_synth.ipynb #7f35a4d2
-def _pick(rng, options):
-    return rng.choice(options)
+def _say(rng: random.Random, v: Vocab, train: list[str], new: list[str]) -> str:
+    "One phrasing of a sentence: from `train`, or from `new` for the new-template vocabulary (same number of options, same draws)."
+    if len(train) != len(new):
+        raise ValueError(f"a sentence needs as many new phrasings as training ones: {train} / {new}")
+    options = new if v.phrasing == "new" else train
+    return options[0] if len(options) == 1 else rng.choice(options)
 
 
 def fam_add(rng, v: Vocab = ALL_VOCAB):
     (name, he), item = rng.choice(v.names), rng.choice(v.items)
     a, b = rng.randint(2, 90), rng.randint(2, 60)
-    s = _pick(rng, [f"{name} has {a} {item}.", f"{name} collected {a} {item}."])
-    t = _pick(rng, [f"{he.capitalize()} gets {b} more {item}.", f"Then {name} finds {b} more {item}.", f"A friend gives {name} {b} {item}."])
-    ask = _pick(rng, [f"How many {item} does {name} have now?", f"How many {item} does {name} have in total?"])
+    s = _say(rng, v, [f"{name} has {a} {item}.", f"{name} collected {a} {item}."],
+             [f"There are {a} {item} in {name}'s room.", f"{name} owns {a} {item}."])
+    t = _say(rng, v, [f"{he.capitalize()} gets {b} more {item}.", f"Then {name} finds {b} more {item}.", f"A friend gives {name} {b} {item}."],
+             [f"Later {name} is handed another {b} {item}.", f"{name} wins {b} extra {item} at the fair.", f"{b} {item} are added to {name}'s pile."])
+    ask = _say(rng, v, [f"How many {item} does {name} have now?", f"How many {item} does {name} have in total?"],
+               [f"What is the number of {item} {name} owns after that?", f"Counting all of them, what number of {item} belong to {name}?"])
     return Spec("add", [s, t], ask, [Step("start", str(a), "Start"), Step("more", str(b), "More"), Step("total", "start + more", f"{item.capitalize()} in total")])
 
 
@@ -195,18 +207,21 @@ def fam_subtract(rng, v: Vocab = ALL_VOCAB):
     (name, he), item = rng.choice(v.names), rng.choice(v.items)
     a = rng.randint(20, 99)
     b = rng.randint(1, a - 1)
-    s = f"{name} had {a} {item}."
-    t = _pick(rng, [f"{he.capitalize()} gave away {b} of them.", f"{he.capitalize()} lost {b} {item}.", f"{name} used {b} {item}."])
-    ask = _pick(rng, [f"How many {item} does {name} have left?", f"How many {item} remain?"])
+    s = _say(rng, v, [f"{name} had {a} {item}."], [f"At the start of the week there were {a} {item} in {name}'s drawer."])
+    t = _say(rng, v, [f"{he.capitalize()} gave away {b} of them.", f"{he.capitalize()} lost {b} {item}.", f"{name} used {b} {item}."],
+             [f"Over the week {b} of them were handed to classmates.", f"On the way home {b} {item} fell out of a hole.", f"A craft project took {b} {item}."])
+    ask = _say(rng, v, [f"How many {item} does {name} have left?", f"How many {item} remain?"],
+               [f"What number of {item} does {name} still keep?", f"After that, what count of {item} is still in the drawer?"])
     return Spec("subtract", [s, t], ask, [Step("start", str(a), "Start"), Step("used", str(b), "Used"), Step("left", "start - used", f"{item.capitalize()} left")])
 
 
 def fam_multiply(rng, v: Vocab = ALL_VOCAB):
     (name, he), item, box = rng.choice(v.names), rng.choice(v.items), rng.choice(CONTAINERS)
     a, b = rng.randint(2, 12), rng.randint(2, 25)
-    s = _pick(rng, [f"{name} buys {a} {box} of {item}.", f"{name} has {a} {box} of {item}."])
-    t = f"Each of the {box} holds {b} {item}."
-    ask = f"How many {item} does {name} have?"
+    s = _say(rng, v, [f"{name} buys {a} {box} of {item}.", f"{name} has {a} {box} of {item}."],
+             [f"At the market {name} picks up {a} {box} full of {item}.", f"On the shelf sit {a} {box} of {item} that belong to {name}."])
+    t = _say(rng, v, [f"Each of the {box} holds {b} {item}."], [f"Inside every one of those {box} there are exactly {b} {item}."])
+    ask = _say(rng, v, [f"How many {item} does {name} have?"], [f"Altogether, what number of {item} is that for {name}?"])
     return Spec("multiply", [s, t], ask, [Step(box.replace(" ", "_"), str(a), box.capitalize()), Step("per_box", str(b), "Per box"),
                                           Step("total", f"{box.replace(' ', '_')} * per_box", f"{item.capitalize()} in all")])
 
@@ -215,9 +230,13 @@ def fam_divide(rng, v: Vocab = ALL_VOCAB):
     (name, he), item = rng.choice(v.names), rng.choice(v.items)
     friends, each = rng.randint(2, 9), rng.randint(2, 15)
     total = friends * each
-    s = f"{name} has {total} {item}."
-    t = _pick(rng, [f"{he.capitalize()} shares them equally among {friends} friends.", f"{he.capitalize()} splits them evenly into {friends} groups."])
-    ask = _pick(rng, ["How many does each friend get?", "How many are in each group?"]) if "friends" in t else "How many are in each group?"
+    s = _say(rng, v, [f"{name} has {total} {item}."], [f"A bag on the table holds {total} {item} belonging to {name}."])
+    sharing = rng.choice([0, 1])  # the same draw as choosing between the two sentences below
+    t = [[f"{he.capitalize()} shares them equally among {friends} friends.", f"{he.capitalize()} splits them evenly into {friends} groups."],
+         [f"Every one of {friends} friends receives the same number of them.", f"They are dealt into {friends} equal groups."]][v.phrasing == "new"][sharing]
+    ask = (_say(rng, v, ["How many does each friend get?", "How many are in each group?"],
+                ["What number of them does one friend receive?", "What size is one of the groups?"]) if sharing == 0
+           else _say(rng, v, ["How many are in each group?"], ["What size is one of the groups?"]))
     return Spec("divide", [s, t], ask, [Step("total", str(total), "Total"), Step("friends", str(friends), "Groups"),
                                         Step("each", "total // friends", "Each gets")])
 
@@ -227,21 +246,22 @@ def fam_remainder(rng, v: Vocab = ALL_VOCAB):
     size, full = rng.randint(3, 9), rng.randint(2, 12)
     extra = rng.randint(1, size - 1)
     total = size * full + extra
-    s = f"{name} packs {total} {item} into bags of {size}."
+    s = _say(rng, v, [f"{name} packs {total} {item} into bags of {size}."], [f"There are {total} {item}, and {name} fills bags that take {size} each."])
     if rng.random() < 0.5:
-        return Spec("remainder", [s], f"How many {item} are left over?", [Step("total", str(total), "Total"), Step("size", str(size), "Bag size"),
-                                                                          Step("left_over", "total % size", "Left over")])
-    return Spec("remainder", [s], "How many full bags can be made?", [Step("total", str(total), "Total"), Step("size", str(size), "Bag size"),
-                                                                     Step("bags", "total // size", "Full bags")])
+        return Spec("remainder", [s], _say(rng, v, [f"How many {item} are left over?"], [f"Once no bag can be filled, what number of {item} stay outside?"]),
+                    [Step("total", str(total), "Total"), Step("size", str(size), "Bag size"), Step("left_over", "total % size", "Left over")])
+    return Spec("remainder", [s], _say(rng, v, ["How many full bags can be made?"], ["What count of bags end up completely full?"]),
+                [Step("total", str(total), "Total"), Step("size", str(size), "Bag size"), Step("bags", "total // size", "Full bags")])
 
 # %% ../../nbs/data/00_synth.ipynb #c0877e7e
 def fam_percent(rng, v: Vocab = ALL_VOCAB):
     (name, he) = rng.choice(v.names)
     pct = rng.choice([10, 20, 25, 30, 40, 50, 75])
     price = rng.randint(2, 30) * (100 // {10: 10, 20: 20, 25: 4, 30: 10, 40: 20, 50: 2, 75: 4}[pct])
-    s = f"A jacket costs ${price}."
-    t = f"{name} gets a {pct}% discount."
-    ask = _pick(rng, [f"How much does {name} pay?", f"What is the price after the discount?"])
+    s = _say(rng, v, [f"A jacket costs ${price}."], [f"The price tag on a winter coat reads ${price}."])
+    t = _say(rng, v, [f"{name} gets a {pct}% discount."], [f"At the till {name} is given {pct}% off."])
+    ask = _say(rng, v, [f"How much does {name} pay?", f"What is the price after the discount?"],
+               [f"What amount of money does {name} hand over?", f"With the reduction taken off, what does the coat cost?"])
     return Spec("percent", [s, t], ask, [Step("price", str(price), "Price"), Step("percent", str(pct), "Percent"),
                                          Step("discount", "price * percent // 100", "Discount"), Step("paid", "price - discount", "Price paid")])
 
@@ -249,40 +269,45 @@ def fam_percent(rng, v: Vocab = ALL_VOCAB):
 def fam_rate(rng, v: Vocab = ALL_VOCAB):
     (name, he) = rng.choice(v.names)
     speed, hours = rng.randint(2, 60), rng.randint(2, 8)
-    s = _pick(rng, [f"{name} drives at {speed} miles per hour.", f"{name} cycles {speed} miles every hour."])
-    t = f"{he.capitalize()} travels for {hours} hours."
+    s = _say(rng, v, [f"{name} drives at {speed} miles per hour.", f"{name} cycles {speed} miles every hour."],
+             [f"The speed of {name}'s car stays at {speed} miles an hour.", f"Each hour on the bike takes {name} {speed} miles further."])
+    t = _say(rng, v, [f"{he.capitalize()} travels for {hours} hours."], [f"The trip lasts {hours} hours."])
     steps = [Step("speed", str(speed), "Speed"), Step("hours", str(hours), "Hours"), Step("distance", "speed * hours", "Distance")]
     if rng.random() < 0.5:
         back = rng.randint(1, speed * hours - 1)
-        t2 = f"Then {he} goes back {back} miles."
-        return Spec("rate", [s, t, t2], f"How far from the start is {name}?", steps + [Step("back", str(back), "Back"),
-                                                                                      Step("away", "distance - back", "Distance from the start")])
-    return Spec("rate", [s, t], f"How many miles does {name} travel?", steps)
+        t2 = _say(rng, v, [f"Then {he} goes back {back} miles."], [f"After that {name} turns round and returns {back} miles."])
+        ask = _say(rng, v, [f"How far from the start is {name}?"], [f"What distance now separates {name} from the starting point?"])
+        return Spec("rate", [s, t, t2], ask, steps + [Step("back", str(back), "Back"), Step("away", "distance - back", "Distance from the start")])
+    return Spec("rate", [s, t], _say(rng, v, [f"How many miles does {name} travel?"], [f"What distance does {name} cover on the trip?"]), steps)
 
 
 def fam_convert(rng, v: Vocab = ALL_VOCAB):
     (name, he) = rng.choice(v.names)
     unit, per, small = rng.choice([("feet", 12, "inches"), ("hours", 60, "minutes"), ("meters", 100, "centimeters"), ("dozen", 12, "items")])
     amount = rng.randint(2, 15)
-    s = f"{name} has a rope that is {amount} {unit} long." if unit == "feet" else (
-        f"{name} practices for {amount} hours." if unit == "hours" else
-        f"{name} has a ribbon that is {amount} meters long." if unit == "meters" else f"{name} buys {amount} dozen eggs.")
+    train = {"feet": f"{name} has a rope that is {amount} feet long.", "hours": f"{name} practices for {amount} hours.",
+             "meters": f"{name} has a ribbon that is {amount} meters long.", "dozen": f"{name} buys {amount} dozen eggs."}
+    new = {"feet": f"A piece of rope {amount} feet in length belongs to {name}.", "hours": f"Piano practice takes {name} {amount} hours.",
+           "meters": f"A ribbon {amount} meters in length lies on {name}'s desk.", "dozen": f"At the farm {name} collects {amount} dozen eggs."}
+    s = _say(rng, v, [train[unit]], [new[unit]])
     steps = [Step("amount", str(amount), unit.capitalize()), Step("per_unit", str(per), f"{small} per {unit}"),
              Step("small", "amount * per_unit", small.capitalize())]
     if rng.random() < 0.5:
         piece = rng.choice([d for d in (2, 3, 4, 5, 6, 10, 12, 15, 20) if (amount * per) % d == 0])
-        return Spec("convert", [s, f"It is cut into pieces of {piece} {small} each." if unit != "dozen" else f"The eggs go into cartons of {piece}."],
-                    "How many pieces are there?" if unit != "dozen" else "How many cartons are filled?",
-                    steps + [Step("piece", str(piece), "Piece size"), Step("pieces", "small // piece", "Pieces")])
-    return Spec("convert", [s], f"How many {small} is that?", steps)
+        cut = (_say(rng, v, [f"It is cut into pieces of {piece} {small} each."], [f"Then it is chopped into equal bits, {piece} {small} per bit."]) if unit != "dozen"
+               else _say(rng, v, [f"The eggs go into cartons of {piece}."], [f"Every carton takes {piece} of the eggs."]))
+        ask = (_say(rng, v, ["How many pieces are there?"], ["What number of bits does that make?"]) if unit != "dozen"
+               else _say(rng, v, ["How many cartons are filled?"], ["What count of cartons get filled?"]))
+        return Spec("convert", [s, cut], ask, steps + [Step("piece", str(piece), "Piece size"), Step("pieces", "small // piece", "Pieces")])
+    return Spec("convert", [s], _say(rng, v, [f"How many {small} is that?"], [f"Expressed in {small}, what number is that?"]), steps)
 
 # %% ../../nbs/data/00_synth.ipynb #d2b8a79a
 def fam_ages(rng, v: Vocab = ALL_VOCAB):
     (a, _), (b, _) = rng.sample(v.names, 2)
     b_age, diff, years = rng.randint(3, 40), rng.randint(1, 30), rng.randint(1, 20)
-    s = f"{a} is {diff} years older than {b}."
-    t = f"{b} is {b_age} years old."
-    ask = f"How old will {a} be in {years} years?"
+    s = _say(rng, v, [f"{a} is {diff} years older than {b}."], [f"{b} was born {diff} years after {a}."])
+    t = _say(rng, v, [f"{b} is {b_age} years old."], [f"Today {b} turns {b_age}."])
+    ask = _say(rng, v, [f"How old will {a} be in {years} years?"], [f"What age will {a} reach {years} years from today?"])
     return Spec("ages", [s, t], ask, [Step("b_age", str(b_age), f"{b}'s age"), Step("diff", str(diff), "Difference"),
                                       Step("a_age", "b_age + diff", f"{a}'s age now"), Step("years", str(years), "Years"),
                                       Step("future", "a_age + years", f"{a}'s age then")])
@@ -291,10 +316,11 @@ def fam_ages(rng, v: Vocab = ALL_VOCAB):
 def fam_money(rng, v: Vocab = ALL_VOCAB):
     (name, he) = rng.choice(v.names)
     chosen = rng.sample(FOODS, rng.randint(1, 3))
-    sentences, steps, costs = [f"{name} goes shopping."], [], []
+    sentences, steps, costs = [_say(rng, v, [f"{name} goes shopping."], [f"On Saturday {name} visits the shops."])], [], []
     for item, low, high in chosen:
         qty, price = rng.randint(1, 6), rng.randint(low, high)
-        sentences.append(f"{he.capitalize()} buys {qty} {item}{'s' if qty > 1 else ''} at ${price} each.")
+        plural = f"{item}{'s' if qty > 1 else ''}"
+        sentences.append(_say(rng, v, [f"{he.capitalize()} buys {qty} {plural} at ${price} each."], [f"Into the basket go {qty} {plural}, priced ${price} apiece."]))
         steps += [Step(f"{item}_count", str(qty), f"{item} count"), Step(f"{item}_price", str(price), f"{item} price"),
                   Step(f"{item}_cost", f"{item}_count * {item}_price", f"Cost of the {item}s")]
         costs.append(f"{item}_cost")
@@ -302,17 +328,17 @@ def fam_money(rng, v: Vocab = ALL_VOCAB):
     total = _value(steps)["total"]
     if rng.random() < 0.5 and total <= 200:  # no bill covers a larger total: ask for the spending instead (same draws as before)
         bill = next(b for b in (10, 20, 50, 100, 200) if b >= total)
-        sentences.append(f"{he.capitalize()} pays with a ${bill} bill.")
+        sentences.append(_say(rng, v, [f"{he.capitalize()} pays with a ${bill} bill."], [f"The cashier is handed a ${bill} bill."]))
         steps += [Step("paid", str(bill), "Paid"), Step("change", "paid - total", "Change")]
-        return Spec("money", sentences, "How much change does " + name + " get?", steps)
-    return Spec("money", sentences, f"How much does {name} spend?", steps)
+        return Spec("money", sentences, _say(rng, v, ["How much change does " + name + " get?"], [f"What amount comes back to {name} as change?"]), steps)
+    return Spec("money", sentences, _say(rng, v, [f"How much does {name} spend?"], [f"What is the total {name} pays at the shops?"]), steps)
 
 # %% ../../nbs/data/00_synth.ipynb #3a10b6bd
 def fam_chain(rng, v: Vocab = ALL_VOCAB):
     "3-6 arithmetic steps on one quantity: packs bought, some used, shared, given more..."
     (name, he), item, box = rng.choice(v.names), rng.choice(v.items), rng.choice(CONTAINERS)
     packs, per = rng.randint(2, 9), rng.randint(3, 12)
-    sentences = [f"{name} buys {packs} {box} of {item} with {per} in each."]
+    sentences = [_say(rng, v, [f"{name} buys {packs} {box} of {item} with {per} in each."], [f"{name} comes home with {packs} {box}, and every one holds {per} {item}."])]
     steps = [Step("packs", str(packs), box.capitalize()), Step("per_pack", str(per), "Per pack"), Step("count", "packs * per_pack", f"{item.capitalize()} bought")]
     count = packs * per
     target = rng.randint(3, 6)
@@ -322,16 +348,16 @@ def fam_chain(rng, v: Vocab = ALL_VOCAB):
         kind = rng.choice(["eat", "more", "double", "share"])
         if kind == "eat" and count > 2:
             k = rng.randint(1, count - 1)
-            sentences.append(f"{he.capitalize()} gives away {k} {item}.")
+            sentences.append(_say(rng, v, [f"{he.capitalize()} gives away {k} {item}."], [f"Next, {k} of the {item} go to a neighbour."]))
             steps += [Step(f"given_{ops}", str(k), "Given away"), Step(f"count_{ops}", f"{var} - given_{ops}", f"{item.capitalize()} left")]
             count -= k
         elif kind == "more":
             k = rng.randint(1, 30)
-            sentences.append(f"Then {he} gets {k} more {item}.")
+            sentences.append(_say(rng, v, [f"Then {he} gets {k} more {item}."], [f"After that, another {k} {item} arrive by post."]))
             steps += [Step(f"extra_{ops}", str(k), "More"), Step(f"count_{ops}", f"{var} + extra_{ops}", f"{item.capitalize()} now")]
             count += k
         elif kind == "double" and count < 500:
-            sentences.append(f"{he.capitalize()} then doubles the number of {item}.")
+            sentences.append(_say(rng, v, [f"{he.capitalize()} then doubles the number of {item}."], [f"Next the pile of {item} grows to twice its size."]))
             steps += [Step(f"count_{ops}", f"{var} * 2", f"{item.capitalize()} after doubling")]
             count *= 2
         elif kind == "share":
@@ -339,14 +365,15 @@ def fam_chain(rng, v: Vocab = ALL_VOCAB):
             if not divisors:
                 continue
             d = rng.choice(divisors)
-            sentences.append(f"{he.capitalize()} splits them equally into {d} piles and keeps one pile.")
+            sentences.append(_say(rng, v, [f"{he.capitalize()} splits them equally into {d} piles and keeps one pile."],
+                                  [f"Next the {item} are dealt into {d} equal heaps, and only one heap stays with {name}."]))
             steps += [Step(f"piles_{ops}", str(d), "Piles"), Step(f"count_{ops}", f"{var} // piles_{ops}", "One pile")]
             count //= d
         else:
             continue
         var = f"count_{ops}"
         ops += 1
-    return Spec("chain", sentences, f"How many {item} does {name} have at the end?", steps)
+    return Spec("chain", sentences, _say(rng, v, [f"How many {item} does {name} have at the end?"], [f"When all that is done, what number of {item} does {name} hold?"]), steps)
 
 # %% ../../nbs/data/00_synth.ipynb #2e2a9109
 FAMILIES: dict[str, Callable[..., Spec]] = {
@@ -425,8 +452,9 @@ def add_irrelevant(p: SynthProblem, rng: random.Random, vocab: Vocab = TEST_VOCA
 
 
 def held_out_sets(n_test: int, n_dev: int, seed: int = 0, mode: str = "joint",
-                  vocab: Vocab = TEST_VOCAB) -> dict[str, list[SynthProblem]]:
-    "Plain `test` and `dev` sets (no planted errors, no irrelevant sentence; dev disjoint from test by question text) and `test_ic`."
+                  vocab: Vocab = TEST_VOCAB, n_new_templates: int | None = None) -> dict[str, list[SynthProblem]]:
+    """Plain `test` and `dev` sets (no planted errors, no irrelevant sentence; dev disjoint from test by question text), `test_ic`,
+    and `test_new_templates`: `n_new_templates` (default `n_test`) plain problems in phrasings no training set uses."""
     def teacher(prefix):
         return ProceduralTeacher(error_rate=0.0, irrelevant_rate=0.0, mode=mode, vocab=vocab, prefix=prefix)
     test = teacher("test").generate(n_test, seed=seed + 10_000)
@@ -441,7 +469,24 @@ def held_out_sets(n_test: int, n_dev: int, seed: int = 0, mode: str = "joint",
                 taken.add(p.question)
         drawn += max(10, n_dev // 4)
     rng = random.Random(seed + 40_000)
-    return {"test": test, "dev": dev, "test_ic": [add_irrelevant(p, rng, vocab) for p in test]}
+    new = ProceduralTeacher(error_rate=0.0, irrelevant_rate=0.0, mode=mode, vocab=replace(vocab, phrasing="new"), prefix="test-new")
+    return {"test": test, "dev": dev, "test_ic": [add_irrelevant(p, rng, vocab) for p in test],
+            "test_new_templates": new.generate(n_test if n_new_templates is None else n_new_templates, seed=seed + 50_000)}
+
+# %% ../../nbs/data/00_synth.ipynb #443c2a0f
+_MASKED = sorted({n for n, _ in NAMES} | set(ITEMS) | set(CONTAINERS) | {f for f, _, _ in FOODS}, key=len, reverse=True)
+_MASK = re.compile(r"\$?\d+(?:\.\d+)?|\b(?:" + "|".join(map(re.escape, _MASKED)) + r")s?\b|\b(?:he|she|He|She)\b")
+
+
+def sentence_templates(question: str) -> set[str]:
+    "The question's sentences with names, items, containers, foods, pronouns and numbers masked (each one `#`)."
+    return {_MASK.sub("#", s) for s in re.split(r"(?<=[.?!]) ", question)}
+
+
+def template_overlap(test_questions: Sequence[str], train_questions: Iterable[str]) -> float:
+    "The share of test questions whose every sentence template occurs in some training question."
+    seen = set().union(*(sentence_templates(q) for q in train_questions))
+    return sum(sentence_templates(q) <= seen for q in test_questions) / len(test_questions)
 
 # %% ../../nbs/data/00_synth.ipynb #354b8dcf
 def planted_error_twins(n: int, seed: int = 0, vocab: Vocab = TRAIN_VOCAB, irrelevant_rate: float = 1 / 3,

@@ -58,6 +58,7 @@ class BenchmarkTable:
         self.cells: dict[tuple[str, str], Estimate] = {}
         self.paper: dict[tuple[str, str], Reported] = {}
         self.differences: dict[tuple[str, str, str], Estimate] = {}
+        self.texts: dict[tuple[str, str], str] = {}  # cells that hold words (a verdict, a claim), not estimates
         self._rows: list[str] = []
         self._columns: list[str] = []
 
@@ -83,6 +84,12 @@ class BenchmarkTable:
             self._place(*where)
         return self
 
+    def add_text(self, row: str, column: str, text: str) -> "BenchmarkTable":
+        "A cell of words (a claim, a verdict) where a number does not fit; it is shown as given."
+        self.texts[(row, column)] = str(text)
+        self._place(row, column)
+        return self
+
     def add_difference(self, row: str, reference: str, column: str, result) -> "BenchmarkTable":
         "A paired difference `row` − `reference` in `column` (e.g. `paired_difference_ci` on the same problems)."
         self.differences[(row, reference, column)] = Estimate.of(result)
@@ -102,6 +109,8 @@ class BenchmarkTable:
 
 # %% ../../nbs/evals/05_table.ipynb #d39e3e71
 def _cell_text(self: BenchmarkTable, row: str, column: str, reference: str | None) -> str:
+    if (row, column) in self.texts:
+        return self.texts[(row, column)]
     if (row, column) in self.paper:
         return f"{self.paper[(row, column)].value:.1f}"
     mine = self.cells.get((row, column))
@@ -125,7 +134,12 @@ def _value(self: BenchmarkTable, row: str, column: str) -> float:
     return cell.value if cell is not None else float("nan")
 
 
-BenchmarkTable._cell_text, BenchmarkTable.value = _cell_text, _value
+def _text(self: BenchmarkTable, row: str, column: str) -> str:
+    "A cell as printed ('' when empty)."
+    return self._cell_text(row, column, None)
+
+
+BenchmarkTable._cell_text, BenchmarkTable.value, BenchmarkTable.text = _cell_text, _value, _text
 
 # %% ../../nbs/evals/05_table.ipynb #0c0ef9b3
 def _frame(self: BenchmarkTable, rows: list[str] | None = None, columns: list[str] | None = None, paper: bool = True,
@@ -202,7 +216,8 @@ def _to_json(self: BenchmarkTable) -> dict:
     return {"title": self.title, "note": self.note, "rows": self._rows, "columns": self._columns,
             "cells": [{"place": [r, c], "estimate": asdict(v)} for (r, c), v in self.cells.items()],
             "paper": [{"place": [r, c], "reported": asdict(v)} for (r, c), v in self.paper.items()],
-            "differences": [{"place": [r, ref, c], "estimate": asdict(v)} for (r, ref, c), v in self.differences.items()]}
+            "differences": [{"place": [r, ref, c], "estimate": asdict(v)} for (r, ref, c), v in self.differences.items()],
+            "texts": [{"place": [r, c], "text": t} for (r, c), t in self.texts.items()]}
 
 
 def _from_json(data: dict) -> BenchmarkTable:
@@ -212,6 +227,7 @@ def _from_json(data: dict) -> BenchmarkTable:
     table.cells = {tuple(d["place"]): Estimate(**d["estimate"]) for d in data["cells"]}
     table.paper = {tuple(d["place"]): Reported(**d["reported"]) for d in data["paper"]}
     table.differences = {tuple(d["place"]): Estimate(**d["estimate"]) for d in data["differences"]}
+    table.texts = {tuple(d["place"]): d["text"] for d in data.get("texts", [])}
     return table
 
 
@@ -241,6 +257,8 @@ def merge_tables(tables: dict[str, BenchmarkTable], title: str = "") -> Benchmar
             merged.add(f"{label}: {row}", column, estimate)
         for (row, reference, column), estimate in table.differences.items():
             merged.add_difference(f"{label}: {row}", f"{label}: {reference}", column, estimate)
+        for (row, column), text in table.texts.items():
+            merged.add_text(f"{label}: {row}", column, text)
     for table in tables.values():
         for (row, column), number in table.paper.items():
             if (row, column) not in merged.paper:

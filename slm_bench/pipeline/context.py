@@ -20,12 +20,13 @@ from ..core.paths import resolve_path
 from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['MANIFEST', 'METRICS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME', 'NUMERIC_CPU_FLAGS',
-           'format_metric', 'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
+__all__ = ['MANIFEST', 'METRICS', 'FINDINGS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME',
+           'NUMERIC_CPU_FLAGS', 'format_metric', 'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
 METRICS = "metrics.json"  # the metrics a stage recorded with `StageContext.record`
+FINDINGS = "findings.json"  # the findings and checks a stage recorded with `StageContext.finding` / `check` (a `Ledger`)
 TABLES = "tables"  # the benchmark tables a stage showed with `StageContext.show_table` (JSON, read by `slm-bench compare`)
 EXECUTED_NOTEBOOK = "notebook.ipynb"  # the executed copy of the stage notebook
 ATTEMPT = ".attempt.json"  # the runner's note of an attempt in progress (cache key, attempt count)
@@ -170,3 +171,54 @@ def _record(self: StageContext, **metrics: Any) -> None:
 
 
 StageContext.record = _record
+
+# %% ../../nbs/pipeline/01_context.ipynb #c5b325d1
+def _ledger_path(self: StageContext) -> Path:
+    return self.dir / FINDINGS
+
+
+def _add_to_ledger(self: StageContext, entry) -> None:
+    from slm_bench.evals.findings import Ledger
+
+    ledger = Ledger.from_json(read_json(_ledger_path(self), {}))
+    atomic_write_json(_ledger_path(self), ledger.add(entry).to_json())
+
+
+def _finding(self: StageContext, id: str, claim, experiment: str, control: str | None, *, scores=None, held_out_scores=None,
+             effect: dict | None = None, held_out: dict | None = None, **fields):
+    """Record a finding: `claim` (a `Claim` or its id), experiment, control (None: none yet; then say `comparison`), and either
+    `scores=(experiment, control)` per item or a paired `effect`. Returns it; shows its verdict."""
+    from slm_bench.core.claims import claim as registered
+    from slm_bench.evals.findings import VERDICT_WORDS, Finding, _effect_text
+
+    claim = registered(claim) if isinstance(claim, str) else claim
+    if scores is not None:
+        finding = Finding.paired(id, claim, experiment, control, scores, held_out_scores, stage=self.name, **fields)
+    else:
+        finding = Finding(id, claim, experiment, control, effect=effect, held_out=held_out, stage=self.name, **fields)
+    _add_to_ledger(self, finding)
+    effect_text = finding.not_testable or _effect_text(finding.effect, finding.percent)
+    _show_html(f"<p class='slm-finding'><b>{html.escape(VERDICT_WORDS[finding.verdict])}</b> · {html.escape(claim.paper)}, "
+               f"{html.escape(claim.where)}: {html.escape(experiment)} − {html.escape(control or 'no control')}: {html.escape(effect_text)}</p>")
+    return finding
+
+
+def _check(self: StageContext, id: str, paper: str, what: str, value, why: str, percent: bool = False):
+    "Record a check: a number true by construction (`why`), shown apart from findings. Returns it."
+    from slm_bench.evals.findings import Check
+
+    check = Check(id, paper, what, value, why, stage=self.name, percent=percent)
+    _add_to_ledger(self, check)
+    _show_html(f"<p class='slm-check'>check · {html.escape(what)}: {html.escape(str(value))} ({html.escape(why)})</p>")
+    return check
+
+
+def _show_html(text: str) -> None:
+    try:
+        from IPython.display import HTML, display
+        display(HTML(text))
+    except ImportError:
+        pass
+
+
+StageContext.finding, StageContext.check = _finding, _check
