@@ -232,7 +232,7 @@ PROFILES: dict[str, Profile] = {
             "smoke",
             "the smallest settings that still run every code path (tests)",
             {"environment.sizes": [256, 512], "environment.repeats": 3, "environment.min_time_s": 0.01,  # 64 and 128 fell short of the peak
-             "synth.n_train": 1500, "synth.n_test": 40, "synth.n_dev": 24, "synth.n_verifier": 30, "synth.n_prose": 200, "synth.n_code": 200,
+             "synth.n_train": 1500, "synth.n_test": 40, "synth.n_dev": 24, "synth.n_new_templates": 24, "synth.n_verifier": 30, "synth.n_prose": 200, "synth.n_code": 200,
              "mixture.vocab_size": 400, "mixture.tokenizer_texts": 1500, "mixture.budget_tokens": 60000,
              "pretrain.steps": 15, "pretrain.micro_batch_size": 8, "pretrain.warmup_steps": 3,
              "sft.steps": 30, "sft.micro_batch_size": 8, "sft.checkpoint_at": [15], "sft.warmup_steps": 3,
