@@ -15,7 +15,7 @@ from .errors import BadInput
 
 # %% auto #0
 __all__ = ['LIB_NAME', 'VERSIONED_PACKAGES', 'package_dir', 'find_project_root', 'project_root', 'resolve_path',
-           'package_versions']
+           'package_versions', 'source_commit']
 
 # %% ../../nbs/core/01_paths.ipynb #0051ad70
 LIB_NAME = "slm_bench"
@@ -82,3 +82,17 @@ def package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+# %% ../../nbs/core/01_paths.ipynb #3e134188
+def source_commit(folder: Path | str | None = None) -> dict:
+    "`{commit, dirty}` of the git checkout holding `folder` (default: the package); both None outside a checkout."
+    import subprocess
+
+    where = Path(folder) if folder is not None else package_dir()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True,
+                                 check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(changes.strip())}

@@ -16,7 +16,7 @@ from .metrics import paired_difference_ci
 from .table import BenchmarkTable, Estimate
 
 # %% auto #0
-__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger']
+__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger', 'effect_text']
 
 # %% ../../nbs/evals/08_findings.ipynb #f28812d9
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not_testable", "without_control")
@@ -161,7 +161,7 @@ class Ledger:
         return cls([Finding.from_json(f) for f in data.get("findings", [])], [Check.from_json(c) for c in data.get("checks", [])])
 
 # %% ../../nbs/evals/08_findings.ipynb #6548fa04
-def _effect_text(effect: dict | None, percent: bool) -> str:
+def effect_text(effect: dict | None, percent: bool) -> str:
     if effect is None:
         return ""
     estimate = Estimate(effect["difference"], effect["ci_low"], effect["ci_high"], effect.get("n"), percent)
@@ -184,9 +184,9 @@ def _scorecard(self: Ledger, paper: str) -> BenchmarkTable:
         table.add_text(f.id, "experiment", f.experiment)
         table.add_text(f.id, "control", f.control if f.control is not None else (f"none; compared with {f.comparison}" if f.comparison else "none"))
         table.add_text(f.id, "measure", f.measure)
-        table.add_text(f.id, "effect", _effect_text(f.effect, f.percent) if not f.not_testable else f.not_testable)
+        table.add_text(f.id, "effect", effect_text(f.effect, f.percent) if not f.not_testable else f.not_testable)
         table.add_text(f.id, "verdict", VERDICT_WORDS[f.verdict])
-        table.add_text(f.id, "new templates", _effect_text(f.held_out, f.percent))
+        table.add_text(f.id, "new templates", effect_text(f.held_out, f.percent))
         table.add_text(f.id, "verdict, new templates", VERDICT_WORDS.get(f.held_out_verdict, "") if f.held_out_verdict else "")
         table.add_text(f.id, "paper", f.claim.paper_effect)
     return table
@@ -214,9 +214,9 @@ def _text(self: Ledger) -> str:
         c = self.counts(paper)
         lines.append(f"{paper}: {c['total']} findings — " + ", ".join(f"{c[v]} {VERDICT_WORDS[v]}" for v in VERDICTS) + f"; {c['checks']} checks")
         for f in (f for f in self.findings if f.claim.paper == paper):
-            effect = f.not_testable if f.not_testable else _effect_text(f.effect, f.percent)
+            effect = f.not_testable if f.not_testable else effect_text(f.effect, f.percent)
             against = f.control if f.control is not None else f"(no control) {f.comparison}"
-            held_out = f"; new templates {_effect_text(f.held_out, f.percent)} {f.held_out_verdict}" if f.held_out_verdict else ""
+            held_out = f"; new templates {effect_text(f.held_out, f.percent)} {f.held_out_verdict}" if f.held_out_verdict else ""
             lines.append(f"  {VERDICT_WORDS[f.verdict]:<18} {f.id}: {f.experiment} − {against}: {effect}{held_out}  [{f.claim.where}]")
     total = self.counts()
     lines.append(f"all papers: {total['total']} findings, {total['tested']} tested at 95% (about {total['expected_false_reproduced']:g} "

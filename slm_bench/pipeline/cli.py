@@ -17,8 +17,9 @@ from ..core.paths import find_project_root, project_root, resolve_path
 
 # %% auto #0
 __all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
-           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_lab', 'cmd_serve', 'cmd_score',
-           'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'cmd_stacks', 'build_parser', 'main']
+           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_findings', 'cmd_readme',
+           'cmd_lab', 'cmd_serve', 'cmd_score', 'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'cmd_stacks',
+           'build_parser', 'main']
 
 # %% ../../nbs/pipeline/07_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
@@ -167,6 +168,38 @@ def cmd_compare(args) -> int:
         raise BadInput(f"--out {out} is a folder; give a file name (e.g. {out / 'compare.html'})")
     print(compare_markdown(tables))
     print(f"\ncompare: {compare_page(tables, run_dirs, out)}")
+    return 0
+
+# %% ../../nbs/pipeline/07_cli.ipynb #00327f93
+def cmd_findings(args) -> int:
+    "A run's scorecard: each paper's findings with computed verdicts, the checks apart (`--json`: counts and ledger; `--publish DIR`)."
+    from slm_bench.pipeline.scorecard import publish, read_ledger, scorecard_json
+
+    run_dir = resolve_path(args.run_dir)
+    if args.publish:
+        print(f"published: {publish(run_dir, resolve_path(args.publish))}")
+        return 0
+    ledger = read_ledger(run_dir)
+    print(json.dumps(scorecard_json(ledger), indent=1) if args.json else ledger.text() if ledger.findings or ledger.checks
+          else f"{run_dir}: no findings recorded (run the recipes: make run)")
+    return 0
+
+
+def cmd_readme(args) -> int:
+    "Render the README's results section from a published scorecard (`--check`: exit 1 when the README differs from it)."
+    from slm_bench.core.store import atomic_write_text
+    from slm_bench.pipeline.scorecard import render_readme
+
+    readme, results = resolve_path(args.readme), resolve_path(args.results)
+    if not results.is_file():
+        raise BadInput(f"{results} does not exist: publish a run first (slm-bench findings runs/tiny --publish {results.parent})")
+    rendered = render_readme(readme.read_text(encoding="utf-8"), json.loads(results.read_text(encoding="utf-8")))
+    if args.check:
+        same = rendered == readme.read_text(encoding="utf-8")
+        print(f"{readme}: {'matches' if same else 'differs from'} {results}" + ("" if same else " (run slm-bench readme)"))
+        return 0 if same else 1
+    atomic_write_text(readme, rendered)
+    print(f"{readme}: results section rendered from {results}")
     return 0
 
 # %% ../../nbs/pipeline/07_cli.ipynb #67a7fd19
@@ -502,6 +535,18 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--kept", action="store_true", help="SLOWER FASTER: did the faster run keep every result (each value inside "
                    "the slower run's interval, each paired difference's direction)? Exits 1 when one moved")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("findings", help="a run's scorecard: each paper's findings (claim, control, paired effect, computed verdict), checks apart")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    p.add_argument("--json", action="store_true", help="print the counts (total, reproduced, contradicted, inconclusive, not_testable, without_control, checks) and the ledger as JSON")
+    p.add_argument("--publish", metavar="DIR", help="write DIR/scorecard.json with the run's facts (what `slm-bench readme` renders)")
+    p.set_defaults(func=cmd_findings)
+
+    p = sub.add_parser("readme", help="render the README's results section from a published scorecard")
+    p.add_argument("--results", default="results/tiny/scorecard.json", help="the published scorecard (default: results/tiny/scorecard.json)")
+    p.add_argument("--readme", default="README.md", help="the README to render into (default: README.md)")
+    p.add_argument("--check", action="store_true", help="only say whether the README matches the scorecard (exit 1 when it does not)")
+    p.set_defaults(func=cmd_readme)
 
     p = sub.add_parser("lab", help="open a finished run's stage in JupyterLab (parameters point at the run; outputs go to a scratch folder)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")

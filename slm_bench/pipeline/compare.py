@@ -14,7 +14,7 @@ from ..core.errors import BadInput
 from ..core.store import atomic_write_text, read_json
 from ..evals.table import BenchmarkTable, Estimate, load_table, merge_tables
 from .context import TABLES
-from .runner import SUMMARY
+from .context import SUMMARY
 
 # %% auto #0
 __all__ = ['read_run', 'metrics_table', 'run_labels', 'compare_runs', 'ResultShift', 'results_kept', 'kept_text',

@@ -20,11 +20,12 @@ from ..core.paths import resolve_path
 from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['MANIFEST', 'METRICS', 'FINDINGS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME',
+__all__ = ['MANIFEST', 'SUMMARY', 'METRICS', 'FINDINGS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME',
            'NUMERIC_CPU_FLAGS', 'format_metric', 'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
+SUMMARY = "summary.json"  # the run folder's summary: every stage's status, metrics and files (the runner writes it)
 METRICS = "metrics.json"  # the metrics a stage recorded with `StageContext.record`
 FINDINGS = "findings.json"  # the findings and checks a stage recorded with `StageContext.finding` / `check` (a `Ledger`)
 TABLES = "tables"  # the benchmark tables a stage showed with `StageContext.show_table` (JSON, read by `slm-bench compare`)
@@ -189,7 +190,7 @@ def _finding(self: StageContext, id: str, claim, experiment: str, control: str |
     """Record a finding: `claim` (a `Claim` or its id), experiment, control (None: none yet; then say `comparison`), and either
     `scores=(experiment, control)` per item or a paired `effect`. Returns it; shows its verdict."""
     from slm_bench.core.claims import claim as registered
-    from slm_bench.evals.findings import VERDICT_WORDS, Finding, _effect_text
+    from slm_bench.evals.findings import VERDICT_WORDS, Finding, effect_text
 
     claim = registered(claim) if isinstance(claim, str) else claim
     if scores is not None:
@@ -197,7 +198,7 @@ def _finding(self: StageContext, id: str, claim, experiment: str, control: str |
     else:
         finding = Finding(id, claim, experiment, control, effect=effect, held_out=held_out, stage=self.name, **fields)
     _add_to_ledger(self, finding)
-    effect_text = finding.not_testable or _effect_text(finding.effect, finding.percent)
+    effect_text = finding.not_testable or effect_text(finding.effect, finding.percent)
     _show_html(f"<p class='slm-finding'><b>{html.escape(VERDICT_WORDS[finding.verdict])}</b> · {html.escape(claim.paper)}, "
                f"{html.escape(claim.where)}: {html.escape(experiment)} − {html.escape(control or 'no control')}: {html.escape(effect_text)}</p>")
     return finding

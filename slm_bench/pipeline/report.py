@@ -137,7 +137,7 @@ def _thumbnails(paths: list[str]) -> str:
 
 # %% ../../nbs/pipeline/03_report.ipynb #76e9c424
 def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figures: dict[str, list[str]] | None = None,
-               tables: dict | None = None) -> str:
+               tables: dict | None = None, scorecard: str = "") -> str:
     "The run's index page: run facts, one row per stage with status, duration, key metrics, figures and a link, then the results tables."
     e = html.escape
     figures = figures or {}
@@ -174,6 +174,7 @@ def index_html(summary: dict, pages: dict[str, str], widgets_offline: bool, figu
  &middot; this invocation {e(_duration(summary.get('duration_s')))}<br>run folder <code>{e(summary['run_dir'])}</code>
  &middot; pipeline <code>{e(summary['pipeline'])}</code><br>command <code>{e(summary.get('command') or '')}</code></div>
 {note}
+{f"<h2 id='scorecard'>Scorecard</h2>{scorecard}<p><a href='scorecard.html'>the scorecard on its own page</a></p><h2>Stages</h2>" if scorecard else ""}
 <table class="stages"><thead><tr><th>#</th><th>recipe</th><th>stage</th><th>status</th><th>this run</th><th>duration</th><th>key metrics</th><th>figures</th></tr></thead>
 <tbody>
 {''.join(rows)}
@@ -235,4 +236,8 @@ def render_report(run_dir: Path | str, report_dir: Path | str, force: bool = Fal
     from slm_bench.pipeline.compare import read_run
 
     tables = read_run(run_dir)[1]
-    return atomic_write_text(target / "index.html", index_html(summary, pages, widgets_offline, figures, tables))
+    from slm_bench.pipeline.scorecard import read_ledger, scorecard_page
+
+    ledger = read_ledger(run_dir)
+    scorecard = scorecard_page(ledger, summary["run_id"], target / "scorecard.html") if ledger.findings or ledger.checks else ""
+    return atomic_write_text(target / "index.html", index_html(summary, pages, widgets_offline, figures, tables, scorecard))

@@ -22,23 +22,22 @@ from typing import Any, Callable
 import nbformat
 
 from ..core.config import ENGINE_SETTINGS, SPEED_ONLY_SETTINGS, Profile, engine_environment, engine_settings, get_profile, resolve_parameters
-from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, format_metric
+from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, SUMMARY, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
-from ..core.paths import find_project_root, package_dir, package_versions
+from ..core.paths import find_project_root, package_dir, package_versions, source_commit
 from .schedule import CoreShare, available_cores, next_starts, share_cores, start_order
 from .stages import Stage, discover_stages, recipe_stages, select_stages
 from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, sha256_json
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'SUMMARY', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions',
-           'Plan', 'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
+__all__ = ['KERNEL_NAME', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions', 'Plan',
+           'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
            'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
            'interrupt_stops_kernels', 'stall_watchdog', 'memory_peak', 'execute_stage', 'build_summary', 'run_metrics',
            'training_utilization', 'run_dir_lock', 'log_results', 'run_pipeline', 'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
-SUMMARY = "summary.json"
 LOCK = ".lock"
 
 
@@ -545,7 +544,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
         "metrics": run_metrics(stages),
         "pipeline": str(options.pipeline_dir), "command": options.command, "status": status,
         "started": started, "updated": _now(), "duration_s": round(time.perf_counter() - clock, 3),
-        "selected": plan.selected, "stages": stages,
+        "selected": plan.selected, "code": source_commit(), "stages": stages,
     }
 
 
