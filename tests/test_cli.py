@@ -205,11 +205,36 @@ def test_compare_kept_says_which_results_a_faster_run_lost(cli, tmp_path):
     assert moved.returncode == 1, moved
     assert moved.stdout.splitlines() == [
         "1 of 3 results kept; 2 not kept:",
-        "  outside   evaluate/results: DPO / pass@1: slower 70.0 [61.0, 78.0] (n=100), faster 46.0 [36.0, 56.0] (n=100)",
+        "  outside   evaluate/results: DPO / pass@1: slower 70.0 [60.0, 78.8] (n=100), faster 46.0 [36.0, 56.3] (n=100)",
         "  direction evaluate/results: DPO − SFT / pass@1: slower +20.0 [12.0, 28.0] (n=100), faster +1.0 [0.0, 3.0] (n=100)",
     ]
     three = cli("compare", "--kept", slower, tmp_path / "same", tmp_path / "faster")
     assert three.returncode == 2 and "--kept compares two runs, the slower then the faster; got 3 run folder(s)" in three.stderr
+
+
+def test_findings_verdict_follows_the_data(cli, tmp_path):
+    "The same stage code gives each verdict by the data alone: the basic pipeline's `double` records doubled − plain as a finding."
+    counts = {verdict: 0 for verdict in ("reproduced", "contradicted", "inconclusive", "not_testable", "without_control")}
+    for factor, verdict in ((2, "reproduced"), (1, "inconclusive"), (0, "contradicted")):
+        run = tmp_path / f"factor{factor}"
+        made = cli("run", "--pipeline", PIPELINES / "basic", "--run-dir", run, "--no-report", "--set", "source.n=40", "--set", f"double.factor={factor}")
+        assert made.returncode == 0, made
+        card = json.loads(cli("findings", run, "--json").stdout)
+        assert card["counts"] == {"total": 1, **counts, verdict: 1, "tested": 1, "expected_false_reproduced": 0.03, "checks": 1}
+        assert [c["id"] for c in card["ledger"]["checks"]] == ["phi4_numbers_read"]  # the check is listed apart, never counted as a finding
+    text = cli("findings", tmp_path / "factor2").stdout.splitlines()
+    assert text[0] == "Phi-4: 1 findings — 1 reproduced, 0 contradicted, 0 inconclusive, 0 not testable here, 0 without control; 1 checks"
+    assert text[-1] == "  phi4_numbers_read: numbers read from source = 40 — source writes them"
+    published = cli("findings", tmp_path / "factor2", "--publish", tmp_path / "results")
+    assert published.returncode == 0 and published.stdout.strip() == f"published: {tmp_path / 'results' / 'scorecard.json'}"
+    readme = tmp_path / "README.md"
+    readme.write_text("# demo\n<!-- scorecard:start -->\n| typed | 99.9 |\n<!-- scorecard:end -->\n")
+    args = ("--readme", readme, "--results", tmp_path / "results" / "scorecard.json")
+    assert cli("readme", *args, "--check").returncode == 1  # a typed number differs from the published results
+    assert cli("readme", *args).returncode == 0
+    assert cli("readme", *args, "--check").returncode == 0
+    assert "| reproduced | doubling raises every number (Table 0) | numbers × 2 − the numbers as they are | +19.5 [" in readme.read_text()
+    assert cli("findings", tmp_path / "nowhere").returncode == 2
 
 
 def test_stacks_sums_a_profiled_runs_time_into_parts(cli, tmp_path):

@@ -598,12 +598,17 @@ def _headline_metrics(stage: Stage, metrics: dict, limit: int = 3) -> str:
 
 
 def log_results(run_dir: Path, log: Callable[[str], None]) -> None:
-    "The run's benchmark tables (what its stages showed with `show_table`), as Markdown."
+    "The run's benchmark tables (what its stages showed with `show_table`), as Markdown, then its scorecard."
     from slm_bench.pipeline.compare import compare_markdown, read_run
 
     tables = read_run(run_dir)[1]
     if tables:
         log("\nresults (slm-bench compare " + str(run_dir) + "):\n\n" + compare_markdown(tables))
+    from slm_bench.pipeline.scorecard import read_ledger
+
+    ledger = read_ledger(run_dir)
+    if ledger.findings:
+        log(f"\nscorecard (slm-bench findings {run_dir}):\n" + ledger.text())
 
 # %% ../../nbs/pipeline/02_runner.ipynb #31eca540
 def _execute_or_interrupt(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], page: Path | None, interrupted,
