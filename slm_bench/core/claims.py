@@ -26,12 +26,22 @@ class Claim:
     cite: str  # file and line in ../shared/reference, e.g. "phi4.md L398"
     direction: int  # +1: experiment − control > 0 is the paper's side; −1: < 0
     paper_effect: str = ""  # what the paper reports for it, when it reports a number
+    margin: float = 0.0  # non-inferiority: the paper's side starts at −margin (in the measure's units; 0: a plain direction)
+    margin_source: str = ""  # where the margin comes from ("ours: ..." when the paper gives none)
+    summary: str = ""  # one plain line for tables (ours), when `text` is a table row
 
     def __post_init__(self):
         if self.paper not in PAPERS:
             raise BadInput(f"claim {self.id!r}: paper must be one of {', '.join(PAPERS)}, got {self.paper!r}")
         if self.direction not in (1, -1):
             raise BadInput(f"claim {self.id!r}: direction must be +1 or -1, got {self.direction!r}")
+        if self.margin < 0 or (self.margin and not self.margin_source):
+            raise BadInput(f"claim {self.id!r}: a margin is >= 0 and says where it comes from (margin_source), got {self.margin!r}")
+
+    @property
+    def statement(self) -> str:
+        "What tables show: the summary where there is one, else the reference's words."
+        return self.summary or self.text
 
     @property
     def source(self) -> str:
@@ -57,16 +67,175 @@ def claims(paper: str | None = None) -> list[Claim]:
     return [c for c in _CLAIMS if paper is None or c.paper == paper]
 
 # %% ../../nbs/core/05_claims.ipynb #2cb2c36a
-_CLAIMS += []
+_CLAIMS += [
+    Claim("tinygsm.sft_lifts_generator", "TinyGSM", "§4.1 generator fine-tuning",
+          "Fine-tuning on TinyGSM lifts the 1.3B Phi-1.5 generator from 44.6% to 68.2%", "tinygsm_orca2.md L93", +1,
+          "GSM8K 44.6 → 68.2 (1.3B)"),
+    Claim("tinygsm.verifier_vs_greedy", "TinyGSM", "Table 1 / headline (Phi-GSM+V vs Phi-GSM)",
+          "The verifier picks one answer from 48 Python solutions per problem and reaches 81.5% (metric verify48@1)",
+          "tinygsm_orca2.md L28", +1, "GSM8K pass@1 68.2 → verify48@1 81.5 (1.3B + 1.3B)"),
+    Claim("tinygsm.verifier_beats_random_pick", "TinyGSM", "§4.2 verifier",
+          "close the gap between producing a correct answer somewhere in the candidate set (high pass@k) and reliably picking it",
+          "tinygsm_orca2.md L100", +1),
+    Claim("tinygsm.temperature_costs_accuracy", "TinyGSM", "§4.2 decoding temperature",
+          "at temperature 1, generation accuracy can be more than 10% lower than at temperature 0", "tinygsm_orca2.md L97", -1,
+          "more than 10% lower at T=1 than at T=0"),
+    Claim("tinygsm.self_consistency", "TinyGSM", "§2 related work (self-consistency)",
+          "Confident or repeated answers can still be wrong, so it should be compared with a learned verifier", "tinygsm_orca2.md L38", +1),
+    Claim("tinygsm.gsm_ic_seed", "TinyGSM", "§3 data (GSM-IC seeds)",
+          "About one third of the dataset comes from GSM-IC variants that contain irrelevant information", "tinygsm_orca2.md L46", +1),
+    Claim("tinygsm.svamp_transfer", "TinyGSM", "§4.4 SVAMP transfer (Figure 6)",
+          "It is evaluated without any further fine-tuning. 1.3B generator + 1.3B verifier = 75.6%", "tinygsm_orca2.md L150", +1,
+          "SVAMP 75.6 (1.3B + 1.3B)"),
+    Claim("tinygsm.no_correctness_filter", "TinyGSM", "§3 data (no correctness check)",
+          "Mathematical correctness is not verified.", "tinygsm_orca2.md L65", +1),
+    Claim("tinygsm.token_level_verifier", "TinyGSM", "§4.2 verifier objective",
+          "The token-level objective consistently beats predicting a single label for the whole sequence", "tinygsm_orca2.md L116", +1),
+    Claim("tinygsm.verifier_full_finetune", "TinyGSM", "§4.2 verifier training",
+          "Full fine-tuning beats updating only the prediction head and also beats training the verifier from scratch",
+          "tinygsm_orca2.md L117", +1),
+    Claim("tinygsm.verifier_checkpoint_diversity", "TinyGSM", "§4.2 verifier data",
+          "Multiple checkpoints raise accuracy from 78.9% to 81.5%", "tinygsm_orca2.md L106", +1, "GSM8K verify48@1 78.9 → 81.5"),
+    Claim("tinygsm.generator_size_greedy", "TinyGSM", "Table 1 (generator sizes)",
+          "Results of one generated solution on GSM8K (pass@1): 125M 63.1%, 350M 65.9%, 1.3B 68.2%", "tinygsm_orca2.md L92", +1,
+          "GSM8K pass@1 125M 63.1 → 1.3B 68.2", summary="a larger generator solves more problems"),
+    Claim("tinygsm.generator_size_with_verifier", "TinyGSM", "§4.3 generator × verifier sizes",
+          "Best: 1.3B generator + 1.3B verifier = 81.5%", "tinygsm_orca2.md L132", +1,
+          "1.3B verifier: 125M gen 76.1 → 1.3B gen 81.5; 125M verifier: 125M gen 68.9 → 1.3B gen 71.7",
+          summary="with the same verifier, a larger generator does better"),
+    Claim("tinygsm.verifier_size_at_equal_total", "TinyGSM", "§4.3 generator × verifier sizes (equal total)",
+          "This supports spending more parameters on verification under these sampling conditions", "tinygsm_orca2.md L136", +1,
+          "125M gen + 1.3B ver 76.1 vs 1.3B gen + 125M ver 71.7",
+          summary="at equal total size, a small generator with a large verifier beats the reverse"),
+    Claim("tinygsm.larger_verifier_helps", "TinyGSM", "§4.3 generator × verifier sizes (verifier size)",
+          "This supports spending more parameters on verification under these sampling conditions", "tinygsm_orca2.md L136", +1,
+          "125M gen: 125M ver 68.9 → 1.3B ver 76.1; 1.3B gen: 125M ver 71.7 → 1.3B ver 81.5",
+          summary="for the same candidates, a larger verifier picks better"),
+    Claim("tinygsm.verifier_lifts_small_generator", "TinyGSM", "§4.3 same-size verifier per generator",
+          "125M: 63.1 → 68.9", "tinygsm_orca2.md L138", +1, "125M: 63.1 → 68.9",
+          summary="a same-size verifier lifts the small generator above its greedy answer"),
+]
 
 # %% ../../nbs/core/05_claims.ipynb #552a2260
-_CLAIMS += []
+_CLAIMS += [
+    Claim("phi4.pts_dpo", "Phi-4", "§4.3, Table 9", "| DPO stage 1 (PTS) | 84.8 | 53.6 | 80.5 |", "phi4.md L591", +1,
+          "SFT → DPO stage 1: MATH 77.1 → 80.5, GPQA 47.3 → 53.6", summary="DPO on pivotal-token pairs improves on the SFT model"),
+    Claim("phi4.pts_only_pivotal", "Phi-4", "§4.3 (Subdivide)", "it only finds pivotal tokens", "phi4.md L79", +1),
+    Claim("phi4.plurality_label", "Phi-4", "§2.2 (plurality filter)",
+          "Use it in place of ground truth in rejection-sampling-based generation", "phi4.md L158", +1),
+    Claim("phi4.reversal_fidelity", "Phi-4", "§2.2 (instruction reversal)",
+          "Keep only pairs with high fidelity between the original and the regenerated code.", "phi4.md L191", +1),
+    Claim("phi4.midtrain_rope_base", "Phi-4", "§3.3 (midtraining)", "RoPE base frequency = 250K", "phi4.md L389", +1,
+          "HELMET recall 99.0 at 16K after midtraining (Table 6)"),
+    Claim("phi4.midtrain_natural_long", "Phi-4", "§3.3 (midtraining ablation)",
+          "The inherently long data was better on long-context tasks.", "phi4.md L383", +1),
+    Claim("phi4.midtrain_short", "Phi-4", "Table 2", "| phi-4 (16K) | +2.7 | +8.9 | +1.2 |", "phi4.md L511", +1,
+          "against phi-3-medium, 4K → 16K: MMLU +3.0 → +2.7, GSM8k +2.2 → +1.2", margin=0.05,
+          margin_source="ours: the paper states no margin; its 16K model is within 1.0 point of the 4K one on MMLU and GSM8k",
+          summary="midtraining to a longer context keeps short-context accuracy"),
+    Claim("phi4.refusal_sft", "Phi-4", "Appendix A.1", "Every bogus question → (bogus question, refusal).", "phi4.md L416", +1,
+          "SimpleQA not attempted 3.2% (base) → 38.7% (SFT), Figure 6"),
+    Claim("phi4.refusal_dpo_stage1", "Phi-4", "Figure 6", "| DPO stage 1 | 2.9% | 79.8% | 17.4% |", "phi4.md L641", -1,
+          "SimpleQA not attempted 38.7% (SFT) → 17.4% (DPO stage 1)", summary="DPO stage 1 lowers the share not attempted, after refusal SFT"),
+    Claim("phi4.refusal_not_attempted", "Phi-4", "Figure 6", "| Final | 3.0% | 81.1% | 15.8% |", "phi4.md L642", +1,
+          "SimpleQA not attempted 3.2% (base) → 15.8% (final)", summary="the final model declines more questions than the base"),
+    Claim("phi4.refusal_correct", "Phi-4", "Figure 6", "| Base | 6.8% | 90.0% | 3.2% |", "phi4.md L639", -1,
+          "SimpleQA correct 6.8% (base) → 3.7% (SFT) → 3.0% (final)", summary="refusal training costs a little accuracy on answerable questions"),
+    Claim("phi4.judge_round2", "Phi-4", "§4.2, Table 9", "| phi-4 (final = stage 1 + stage 2) | 84.8 | 56.1 | 80.4 |", "phi4.md L593", +1,
+          "DPO stage 1 → final: GPQA 53.6 → 56.1, ArenaHard 66.5 → 75.4, MATH 80.5 → 80.4", summary="judge-guided DPO (stage 2) improves on stage 1"),
+    Claim("phi4.judge_round2_alone", "Phi-4", "§4.2, Table 9", "| DPO stage 2 only (judge-guided, no PTS) | — | 52.4 | 77.6 |", "phi4.md L592", +1,
+          "SFT → stage 2 only: GPQA 47.3 → 52.4, MATH 77.1 → 77.6", summary="judge-guided DPO alone improves on the SFT model"),
+    Claim("phi4.mix_s", "Phi-4", "Table 4", "| S | +3.3 | +4.0 | +2.1 |", "phi4.md L531", +1,
+          "S − final mixture: MMLU +3.3, MATH +4.0, GSM8k +2.1", summary="more synthetic data (S) gains reasoning over the final mixture"),
+    Claim("phi4.mix_uniform", "Phi-4", "§3.2, Table 4", "Uniform allocation is sub-optimal.", "phi4.md L367", -1,
+          "Uniform − final mixture: negative on MMLU, MATH, GSM8k; Average −2.2"),
+    Claim("phi4.mix_s_wr", "Phi-4", "Table 4", "| S + WR | — | +1.2 | +1.5 |", "phi4.md L532", +1,
+          "S + WR − final mixture: MATH +1.2, GSM8k +1.5", summary="synthetic plus web rewrites (S + WR) gains reasoning over the final mixture"),
+    Claim("phi4.mix_s_w", "Phi-4", "Table 4", "| S + W | −0.6 | −0.7 |", "phi4.md L533", -1,
+          "S + W − final mixture: MMLU −0.6, MATH −0.7", summary="synthetic plus web (S + W) loses reasoning against the final mixture"),
+    Claim("phi4.synthetic_only", "Phi-4", "Table 3", "| Synthetic | +0.8 | +4.0 | +2.2 |", "phi4.md L519", +1,
+          "synthetic-only − phi-3-medium: GSM8k +2.2, MATH +4.9", summary="synthetic-only pretraining gains reasoning over a web-heavy mix"),
+    Claim("phi4.synthetic_web_rewrites", "Phi-4", "Table 3", "| Synthetic + Web Rewrites | +0.3 | +4.1 | +1.8 |", "phi4.md L520", +1,
+          "synthetic + web rewrites − phi-3-medium: GSM8k +1.8, MATH +8.1", summary="synthetic plus web rewrites gains reasoning over a web-heavy mix"),
+    Claim("phi4.epochs_12_over_4", "Phi-4", "§3.1, Figure 2", "12 epochs is better at both scales", "phi4.md L341", +1,
+          "Figure 2 (5-shot MMLU, 7B and 14B) gives no values"),
+]
 
 # %% ../../nbs/core/05_claims.ipynb #30dee93a
-_CLAIMS += []
+_CLAIMS += [
+    Claim("llama2.safety_sft", "Llama 2", "§4.2.2 (safety SFT)", "Annotators first write adversarial prompts (red-teaming style), then write safe and helpful responses.",
+          "llama2.md L180", +1),
+    Claim("llama2.safety_bins", "Llama 2", "§3.2.1 (safety bins)", "chosen is safe and the other is unsafe: 18%", "llama2.md L203", +1,
+          "safe/unsafe 18%, both safe 47%, both unsafe 35%"),
+    Claim("llama2.rating_shares_over_batches", "Llama 2", "Figure 25",
+          "Figure 25: over time, the share of \"negligibly better/unsure\" rises and \"significantly better\" falls.", "llama2.md L213", +1),
+    Claim("llama2.rm_own_domain_best", "Llama 2", "Table 7 (§3.2.2)", "each RM is best on its own domain's internal test set.", "llama2.md L264", +1),
+    Claim("llama2.rm_beat_baselines", "Llama 2", "Table 7 (§3.2.2)", "Both beat all baselines, including GPT-4", "llama2.md L264", +1),
+    Claim("llama2.rm_accuracy_by_rating", "Llama 2", "Table 8",
+          "Also per-rating accuracy (Table 8): significantly better > better > slightly better > negligibly better.", "llama2.md L263", -1),
+    Claim("llama2.rm_helpful_mix", "Llama 2", "§3.2.2 (data mix)",
+          "Helpfulness RM: all Meta Helpfulness data, plus an equal portion of the rest sampled uniformly from Meta Safety and the open-source datasets.",
+          "llama2.md L245", +1),
+    Claim("llama2.rm_margin_separable", "Llama 2", "Table 28", "The margin helps separable pairs, and a larger margin helps them more", "llama2.md L272", +1),
+    Claim("llama2.rm_margin_similar", "Llama 2", "Table 28", "a larger margin hurts similar pairs.", "llama2.md L272", -1),
+    Claim("llama2.rm_margin_binary_split", "Llama 2", "Figure 27",
+          "Figure 27: the margin pushes the RM score distribution toward a binary split (more extreme scores).", "llama2.md L273", +1),
+    Claim("llama2.safety_threshold", "Llama 2", "§3.2.3 (R_c)",
+          "Threshold 0.15 on R_s, chosen to filter unsafe responses. On the Meta Safety test set it gives precision 0.89, recall 0.55.",
+          "llama2.md L318", +1, "precision 0.89, recall 0.55"),
+    Claim("llama2.rlhf_progression", "Llama 2", "Figure 11 (§3.4)", "From RLHF-V3, > 50% on both axes (RM judge).", "llama2.md L383", +1,
+          "win rate vs ChatGPT > 50% on helpfulness and safety from RLHF-V3 (RM judge)"),
+    Claim("llama2.reward_shift", "Llama 2", "Figure 20",
+          "RLHF progressively removes the worst answers, shifting the reward distribution to the right.", "llama2.md L567", +1),
+    Claim("llama2.rs_pooling", "Llama 2", "§3.2.3 (rejection sampling)", "Later iterations pool the top samples from all prior iterations (V1, V2, …).",
+          "llama2.md L304", +1),
+    Claim("llama2.rs_temperature", "Llama 2", "Figure 8", "The optimal T changes with iterations: RLHF directly affects temperature rescaling.",
+          "llama2.md L307", +1),
+    Claim("llama2.ppo_kl_penalty", "Llama 2", "§3.2.3 (PPO)", "Penalty: KL from the original policy π0, weighted by β.", "llama2.md L320", +1),
+    Claim("llama2.false_refusals_grow_with_safety_data", "Llama 2", "Figure 33", "The rate grows with the share of safety data.", "llama2.md L461", +1,
+          "borderline set 15% to 27%"),
+    Claim("llama2.gatt_holds_20_turns", "Llama 2", "Table 30", "With GAtt: 100% up to 20 turns.", "llama2.md L360", +1,
+          "with GAtt 100% to turn 20; without: 100% at t+1, 10% at t+3, then 0%"),
+    Claim("llama2.gatt_attention", "Llama 2", "Figure 10", "The GAtt model keeps large attention on the system message for longer.", "llama2.md L369", +1),
+    Claim("llama2.gatt_zero_shot", "Llama 2", "Figure 28", "constraints not in training were kept across turns", "llama2.md L363", +1),
+    Claim("llama2.contamination_z_rule", "Llama 2", "Appendix A.6", "Contamination counts as affecting results only if |Z_n| > 2 in all four subsets.",
+          "llama2.md L601", +1),
+    Claim("llama2.contamination_table51", "Llama 2", "Table 51", "only HellaSwag and MMLU-Humanities", "llama2.md L604", +1),
+    Claim("llama2.cd_rm_gated", "Llama 2", "Figure 16b (§4.2.4)", "keep the context-distilled output only if its Safety RM score beats the original answer's",
+          "llama2.md L468", +1),
+    Claim("llama2.cd_helps", "Llama 2", "Figure 16b (§4.2.4)", "Distillation helps low-scoring samples", "llama2.md L468", -1),
+    Claim("llama2.cd_adversarial_only", "Llama 2", "§4.2.4", "Only adversarial prompts are used", "llama2.md L465", -1),
+    Claim("llama2.cd_helpful_prompts_hurt", "Llama 2", "Table 40", "applying it to helpful prompts hurts", "llama2.md L465", -1),
+    Claim("llama2.cd_helpful_prompts_false_refusals", "Llama 2", "Table 40", "causes false refusals (Table 40)", "llama2.md L465", +1),
+    Claim("llama2.cd_category_preprompt", "Llama 2", "Figure 16a", "Figure 16a shows it beats generic preprompts", "llama2.md L467", +1),
+]
 
 # %% ../../nbs/core/05_claims.ipynb #90c30aa2
-_CLAIMS += []
+_CLAIMS += [
+    Claim("orca2.best_strategy_varies", "Orca 2", "§3 (Fig 3)", "the best strategy varies with the task", "tinygsm_orca2.md L233", 1),
+    Claim("orca2.choose_strategy_per_task", "Orca 2", "§3 (Cautious Reasoning)",
+          "small models should be taught to choose the most effective strategy per task", "tinygsm_orca2.md L233", 1),
+    Claim("orca2.small_model_needs_strategy", "Orca 2", "§1 (motivation)",
+          "A small model may need another strategy, such as step-by-step, to get it right.", "tinygsm_orca2.md L190", 1),
+    Claim("orca2.prompt_erasure", "Orca 2", "§3 (Prompt Erasing)",
+          "Claimed effect: the student chooses the best behaviour for the task instead of simply imitating", "tinygsm_orca2.md L250", 1),
+    Claim("orca2.cautious_over_empty", "Orca 2", "Fig 4 (reasoning)",
+          "For both 7B and 13B, the cautious system message gives small gains over the empty one", "tinygsm_orca2.md L394", 1),
+    Claim("orca2.progressive_learning", "Orca 2", "training (progressive learning)",
+          "Progressive learning (curriculum; no mixing of everything at once)", "tinygsm_orca2.md L288", 1),
+    Claim("orca2.second_turn_lower", "Orca 2", "Table 3 (MT-Bench)",
+          "Its average 2nd-turn score is lower than its 1st-turn score", "tinygsm_orca2.md L405", -1),
+    Claim("orca2.cautious_more_hallucination", "Orca 2", "Fig 6 (grounding)",
+          "With the cautious system message the hallucination rate is higher.", "tinygsm_orca2.md L408", 1),
+    Claim("orca2.matches_larger_models", "Orca 2", "§1, Fig 4",
+          "in zero-shot evaluation on complex reasoning tasks, Orca 2 matches or beats models 5–10× larger", "tinygsm_orca2.md L192", 1),
+    Claim("orca2.lowest_hallucination", "Orca 2", "Fig 6 (grounding)",
+          "Orca-2-13B has the lowest hallucination rate of all Orca 2 variants and of the other 13B and 70B LLMs.", "tinygsm_orca2.md L407", -1),
+    Claim("orca2.small_vs_large_strategy", "Orca 2", "§3 (Cautious Reasoning)",
+          "the best strategy for a small model can differ from a large model's", "tinygsm_orca2.md L233", 1),
+    Claim("orca2.specialization_beats_teacher", "Orca 2", "Fig 12 (story reordering)",
+          "specializing on a task with synthetic data made by prompt erasing can beat the large model", "tinygsm_orca2.md L415", 1),
+]
 
 # %% ../../nbs/core/05_claims.ipynb #c19f11df
 PAPER_KEYS = {"TinyGSM": "tinygsm", "Phi-4": "phi4", "Llama 2": "llama2", "Orca 2": "orca2"}

@@ -240,7 +240,9 @@ def teacher_answers(teacher: ChatTeacher, questions: Sequence[str], n: int, sand
 def plurality_filter(questions: Sequence[dict], answers: Sequence[Sequence], solutions: Sequence[Sequence[str]],
                      min_share: float = 0.0) -> tuple[list[dict], dict]:
     """Kept questions as records `{question, answer (the plurality), program (a solution that reached it), share,
-    truth}` and a summary: counts per status and, where the truth is known, how often the plurality equals it."""
+    truth, agrees, one_answer_agrees}` and a summary: counts per status and, where the truth is known, how often the
+    plurality equals it. `one_answer_agrees` is the share of the N answers equal to the truth: what one answer drawn
+    at random scores on average, the plurality's control."""
     from slm_bench.evals.tasks import numbers_equal
 
     kept, statuses = [], Counter()
@@ -253,7 +255,9 @@ def plurality_filter(questions: Sequence[dict], answers: Sequence[Sequence], sol
         answer = vote["answer"]
         kept.append({"question": q["question"], "answer": int(answer) if answer.denominator == 1 else float(answer),
                      "program": program, "share": vote["share"], "truth": q.get("answer"),
-                     "agrees": None if q.get("answer") is None else numbers_equal(answer, q["answer"])})
+                     "agrees": None if q.get("answer") is None else numbers_equal(answer, q["answer"]),
+                     # the control: one of the N answers drawn at random agrees with the truth this often (its expectation)
+                     "one_answer_agrees": None if q.get("answer") is None else sum(numbers_equal(x, q["answer"]) for x in a) / len(a)})
     known = [r["agrees"] for r in kept if r["agrees"] is not None]
     return kept, {"questions": len(questions), **{k: statuses.get(k, 0) for k in ("kept", "unanimous", "no_consensus", "tie", "weak")},
                   "agreement": sum(known) / len(known) if known else None}

@@ -15,7 +15,7 @@ from ..core.errors import BadInput
 
 # %% auto #0
 __all__ = ['SUBSETS', 'match_length', 'contaminated_reference', 'NgramIndex', 'contaminated_tokens', 'contamination_percent',
-           'contamination_subsets', 'subset_z', 'contamination_verdict']
+           'contamination_subsets', 'subset_z', 'contamination_verdict', 'dirty_gain_ci']
 
 # %% ../../nbs/evals/06_contamination.ipynb #4b8d6684
 def match_length(sample: Sequence[int], s: int, corpus: Sequence[int], c: int, head: int = 10, budget: int = 4) -> int:
@@ -150,3 +150,20 @@ def contamination_verdict(metric: Sequence[float], percents: Sequence[float], cl
     out = {name: subset_z(metric, members) for name, members in subsets.items()}
     out["affects"] = all(out[name]["z"] is not None and abs(out[name]["z"]) > 2 for name in SUBSETS)
     return out
+
+# %% ../../nbs/evals/06_contamination.ipynb #a91ab23d
+def dirty_gain_ci(experiment: Sequence[float], control: Sequence[float], percents: Sequence[float], clean_below: float = 20.0,
+                  dirty_from: float = 80.0, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> dict:
+    "Mean of experiment − control on the dirty subset minus on the clean one, with a stratified bootstrap interval; `n_dirty`, `n_clean`."
+    if not len(experiment) == len(control) == len(percents):
+        raise BadInput(f"one score per sample for both models: got {len(experiment)}, {len(control)} and {len(percents)} percents")
+    gain = np.asarray(experiment, dtype=float) - np.asarray(control, dtype=float)
+    subsets = contamination_subsets(percents, clean_below, dirty_from)
+    dirty, clean = gain[subsets["dirty"]], gain[subsets["clean"]]
+    out = {"n": len(gain), "n_dirty": len(dirty), "n_clean": len(clean)}
+    if not len(dirty) or not len(clean):
+        return {**out, "difference": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    rng = np.random.default_rng(seed)
+    draws = dirty[rng.integers(0, len(dirty), (n_boot, len(dirty)))].mean(axis=1) - clean[rng.integers(0, len(clean), (n_boot, len(clean)))].mean(axis=1)
+    low, high = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    return {**out, "difference": float(dirty.mean() - clean.mean()), "ci_low": float(low), "ci_high": float(high)}

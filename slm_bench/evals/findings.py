@@ -16,18 +16,20 @@ from .metrics import paired_difference_ci
 from .table import BenchmarkTable, Estimate
 
 # %% auto #0
-__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger', 'effect_text']
+__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger', 'effect_text', 'claim_text']
 
 # %% ../../nbs/evals/08_findings.ipynb #f28812d9
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not_testable", "without_control")
 
 
-def verdict_of(effect: dict, direction: int) -> str:
-    "reproduced / contradicted / inconclusive from a paired effect's interval (`ci_low`, `ci_high`) and the paper's sign."
+def verdict_of(effect: dict, direction: int, margin: float = 0.0) -> str:
+    """reproduced / contradicted / inconclusive from a paired effect's interval (`ci_low`, `ci_high`), the paper's sign and,
+    for a non-inferiority claim, its margin (the line moves to −margin on the paper's side)."""
     low, high = effect["ci_low"], effect["ci_high"]
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         raise BadInput(f"an effect needs a finite interval to be judged, got [{low}, {high}]")
-    side = 1 if low > 0 else -1 if high < 0 else 0
+    line = -direction * margin
+    side = 1 if low > line else -1 if high < line else 0
     return "inconclusive" if side == 0 else "reproduced" if side == direction else "contradicted"
 
 # %% ../../nbs/evals/08_findings.ipynb #a9a34dbc
@@ -73,14 +75,14 @@ class Finding:
             return "not_testable"
         if self.control is None:
             return "without_control"
-        return verdict_of(self.effect, self.claim.direction)
+        return verdict_of(self.effect, self.claim.direction, self.claim.margin)
 
     @property
     def held_out_verdict(self) -> str | None:
         "The same judgement on the new-template split (None where not measured)."
         if self.held_out is None or self.verdict in ("not_testable", "without_control"):
             return None
-        return verdict_of(self.held_out, self.claim.direction)
+        return verdict_of(self.held_out, self.claim.direction, self.claim.margin)
 
     def to_json(self) -> dict:
         "Plain JSON; the verdicts are written for readers but never read back."
@@ -168,6 +170,12 @@ def effect_text(effect: dict | None, percent: bool) -> str:
     return estimate.text(signed=True) + (f" (n={effect['n']})" if effect.get("n") else "")
 
 
+def claim_text(claim: Claim) -> str:
+    "The claim as tables show it: its statement, and the margin of a non-inferiority claim with where it comes from."
+    kept = f" (kept if no worse than −{claim.margin:g}; {claim.margin_source})" if claim.margin else ""
+    return claim.statement + kept
+
+
 VERDICT_WORDS = {"reproduced": "reproduced", "contradicted": "contradicted", "inconclusive": "inconclusive",
                  "not_testable": "not testable here", "without_control": "without control"}
 
@@ -180,7 +188,7 @@ def _scorecard(self: Ledger, paper: str) -> BenchmarkTable:
                                             "reproduced by chance if no method had any effect. Effects are experiment − control on the same "
                                             "items, in points for rates, with paired bootstrap intervals."))
     for f in (f for f in self.findings if f.claim.paper == paper):
-        table.add_text(f.id, "claim", f"{f.claim.text} ({f.claim.where}; {f.claim.cite})")
+        table.add_text(f.id, "claim", claim_text(f.claim) + f" ({f.claim.where}; {f.claim.cite})")
         table.add_text(f.id, "experiment", f.experiment)
         table.add_text(f.id, "control", f.control if f.control is not None else (f"none; compared with {f.comparison}" if f.comparison else "none"))
         table.add_text(f.id, "measure", f.measure)

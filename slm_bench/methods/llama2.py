@@ -18,7 +18,7 @@ from .tinygsm import program_body
 
 # %% auto #0
 __all__ = ['chat_sft_records', 'preference_prompts', 'open_preferences', 'reward_mix', 'fit_reward_model', 'score_pairs',
-           'reward_accuracy', 'evaluate_chat_model']
+           'reward_accuracy', 'evaluate_chat_model', 'evaluate_problems', 'ceiling_note']
 
 # %% ../../nbs/methods/08_llama2.ipynb #02c61d81
 def chat_sft_records(curated: Sequence[dict], demonstrations: Sequence[dict], replay: int, seed: int = 0) -> list[dict]:
@@ -131,7 +131,7 @@ def reward_accuracy(model, rows: Sequence[dict]) -> dict:
 # %% ../../nbs/methods/08_llama2.ipynb #43b724fa
 def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyPrompt], sandbox, helpful_rm=None, safety_rm=None,
                         max_new_tokens: int = 160, seed: int = 0) -> dict:
-    "Greedy pass@1 on `problems`, refusal and action rates on the safety prompts, mean rewards and R_c; per-item lists too."
+    "Greedy pass@1 on `problems`, refusal and action rates on the safety prompts, mean rewards and R_c; per-item lists too (`helpful_reward_items`: one per problem)."
     import math
 
     from slm_bench.evals.metrics import accuracy_ci
@@ -157,14 +157,43 @@ def evaluate_chat_model(sampler, problems: Sequence, safety: Sequence[SafetyProm
 
         scored = score_with_rc(helpful_rm, safety_rm, problem_prompt_ids + safety_prompt_ids, [[g[0]] for g in greedy] + [[a[0]] for a in answers],
                                [False] * len(problems) + [True] * len(safety))
-        out["helpful_reward"] = accuracy_ci([g[0] for g in scored["helpful"][:len(problems)]])
+        out["helpful_reward_items"] = [g[0] for g in scored["helpful"][:len(problems)]]
+        out["helpful_reward"] = accuracy_ci(out["helpful_reward_items"])
         out["safety_reward_items"] = [g[0] for g in scored["safety"][len(problems):]]
         out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
         out["rc_items"] = [g[0] for g in scored["rc"]]
         out["rc"] = accuracy_ci(out["rc_items"])
     elif helpful_rm is not None:
-        out["helpful_reward"] = accuracy_ci(sigmoid(reward_scores(helpful_rm, problem_prompt_ids, [g[0].token_ids for g in greedy])))
+        out["helpful_reward_items"] = sigmoid(reward_scores(helpful_rm, problem_prompt_ids, [g[0].token_ids for g in greedy]))
+        out["helpful_reward"] = accuracy_ci(out["helpful_reward_items"])
     elif safety_rm is not None:
         out["safety_reward_items"] = sigmoid(reward_scores(safety_rm, safety_prompt_ids, [a[0].token_ids for a in answers]))
         out["safety_reward"] = accuracy_ci(out["safety_reward_items"])
     return out
+
+# %% ../../nbs/methods/08_llama2.ipynb #55db05a9
+def evaluate_problems(sampler, problems: Sequence, sandbox, helpful_rm=None, safety_rm=None, max_new_tokens: int = 160, seed: int = 0) -> dict:
+    "Greedy pass@1 and per-item `correct` on `problems` alone; with both reward models, per-item `helpful_reward_items` and `rc_items` as `evaluate_chat_model` scores problems."
+    from slm_bench.evals.metrics import accuracy_ci
+    from slm_bench.methods.tinygsm import judge_solutions, sample_solutions
+
+    greedy = sample_solutions(sampler, problems, 1, 0.0, max_new_tokens, seed)
+    correct = [g[0].correct for g in judge_solutions(problems, greedy, sandbox)]
+    out = {"pass@1": accuracy_ci(correct), "correct": correct}
+    if helpful_rm is not None and safety_rm is not None:
+        from slm_bench.methods.rejection_sampling import score_with_rc
+
+        ids = [sampler.tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in problems]
+        scored = score_with_rc(helpful_rm, safety_rm, ids, [[g[0]] for g in greedy], [False] * len(problems))
+        out["helpful_reward_items"], out["rc_items"] = [g[0] for g in scored["helpful"]], [g[0] for g in scored["rc"]]
+    return out
+
+# %% ../../nbs/methods/08_llama2.ipynb #7245212b
+def ceiling_note(control: Sequence) -> str:
+    "For a finding's measure: a note when the control's per-item rates are all 1 (a ceiling) or all 0 (a floor), else ''."
+    values = [float(v) for v in control]
+    if values and all(v == 1.0 for v in values):
+        return "; the control is at 100%, a ceiling: the effect cannot be positive"
+    if values and all(v == 0.0 for v in values):
+        return "; the control is at 0%, a floor: the effect cannot be negative"
+    return ""

@@ -14,9 +14,10 @@ from ..core.errors import BadInput
 from .orca_strategies import CAUTIOUS_SYSTEM, STRATEGIES, get_strategy
 
 # %% auto #0
-__all__ = ['erase', 'student_messages', 'Choice', 'choose_strategies', 'per_task_records', 'single_strategy_records',
-           'few_shot_user', 'few_shot_records', 'student_examples', 'Phase', 'weights_fingerprint', 'phase_steps',
-           'train_curriculum', 'answer_problems', 'probe_table', 'evaluate_student', 'follow_up', 'second_turns']
+__all__ = ['erase', 'student_messages', 'Choice', 'choose_strategies', 'cross_fitted_choice', 'per_task_records',
+           'single_strategy_records', 'few_shot_user', 'few_shot_records', 'student_examples', 'Phase',
+           'weights_fingerprint', 'phase_steps', 'train_curriculum', 'answer_problems', 'probe_table',
+           'evaluate_student', 'follow_up', 'second_turns']
 
 # %% ../../nbs/methods/14_orca.ipynb #bbc5c3bf
 def erase(record: dict, system: str = CAUTIOUS_SYSTEM) -> dict:
@@ -74,6 +75,35 @@ def choose_strategies(table: dict[str, dict[str, dict[str, bool]]], cost: dict[s
         ranking = [pick] + sorted((s for s in measured if s != pick), key=lambda s: (-measured[s]["accuracy"], cost[s]))
         choices[family] = Choice(family, pick, measured, tied, reason, ranking)
     return choices
+
+# %% ../../nbs/methods/14_orca.ipynb #0c7f2a51
+def cross_fitted_choice(table: dict[str, dict[str, dict[str, bool]]], cost: dict[str, float], rule: str = "best", seed: int = 0,
+                        baseline: str = "program") -> dict:
+    """The per-family choice scored on dev problems it was not made on (two folds per family), beside one `baseline` strategy.
+
+    Returns `chosen` and `baseline` (per problem, aligned: correct or not), `ids`, and `picks[family]` (the pick on each fold).
+    Families with fewer than two problems asked under `baseline` are left out."""
+    rng = random.Random(seed)
+    out = {"chosen": [], "baseline": [], "ids": [], "picks": {}}
+    for family in sorted(table):
+        by_strategy = table[family]
+        items = sorted(by_strategy.get(baseline, {}))
+        if len(items) < 2:
+            continue
+        rng.shuffle(items)
+        halves = (items[:len(items) // 2], items[len(items) // 2:])
+        out["picks"][family] = []
+        for pick_on, score_on in (halves, halves[::-1]):
+            seen = set(pick_on)
+            fold = {family: {s: {i: c for i, c in cs.items() if i in seen} for s, cs in by_strategy.items()}}
+            choice = choose_strategies(fold, cost, rule, seed)[family]
+            out["picks"][family].append(choice.strategy)
+            for i in score_on:
+                used = next(s for s in choice.ranking if i in by_strategy[s])  # the baseline is in every ranking and asked on every item
+                out["chosen"].append(bool(by_strategy[used][i]))
+                out["baseline"].append(bool(by_strategy[baseline][i]))
+                out["ids"].append(i)
+    return out
 
 # %% ../../nbs/methods/14_orca.ipynb #f38bede6
 def per_task_records(records: Sequence[dict], choice: dict, system: str = CAUTIOUS_SYSTEM) -> list[dict]:

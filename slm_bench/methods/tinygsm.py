@@ -21,7 +21,7 @@ __all__ = ['STOP_STRINGS', 'record_problems', 'program_body', 'sft_examples', 't
            'judge_solutions', 'mixed_temperature_samples', 'label_solutions', 'Trained', 'train_generator',
            'train_on_examples', 'train_verifier', 'pretrain_config', 'sft_config', 'verifier_config',
            'pretrain_generator', 'label_checkpoints', 'PairRecipe', 'Pair', 'named_checkpoints', 'train_pair',
-           'verifier_picks', 'verifier_on_mixed', 'evaluate_generator']
+           'verifier_picks', 'verifier_on_mixed', 'random_pick_correct', 'evaluate_generator']
 
 # %% ../../nbs/methods/00_tinygsm.ipynb #ddf1c9c7
 def record_problems(records: Sequence[dict]) -> list[Problem]:
@@ -293,6 +293,12 @@ def verifier_on_mixed(picks: Sequence[bool], judged: Sequence[Sequence[Judgement
     return {"problems": len(mixed), "verifier_pick": sum(p for p, _ in mixed) / len(mixed),
             "random_pick": sum(r for _, r in mixed) / len(mixed)}
 
+
+def random_pick_correct(candidates_correct: Sequence[int], n: int) -> list[float]:
+    """Per problem, the chance that a uniformly random pick among the same `n` candidates is right (c_i / n): the
+    control that differs from the verifier's pick in the picker alone (pair it with `picked_correct`)."""
+    return [c / n for c in candidates_correct]
+
 # %% ../../nbs/methods/00_tinygsm.ipynb #aa024706
 def _answer_key(judgement: Judgement):
     "A hashable form of a returned value, for majority voting."
@@ -317,6 +323,7 @@ def evaluate_generator(sampler, problems: Sequence[Problem], sandbox, n: int = 8
         result[f"pass@{k}"] = mean_pass_at_k([(len(j), sum(x.correct for x in j)) for j in judged], k)
         result["sample_accuracy"] = sum(x.correct for j in judged for x in j) / sum(len(j) for j in judged)
         result[f"maj@{k}"] = maj_at_k([[_answer_key(x) for x in j] for j in judged], [Fraction(p.gold) for p in problems], k)
+        result["candidates_correct"] = [sum(x.correct for x in j) for j in judged]  # c_i: right candidates of each problem's N
         if verifier is not None:
             picks = verifier_picks(verifier, sampler.tokenizer, problems, groups, judged)
             result["picked_correct"] = picks

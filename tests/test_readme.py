@@ -1,0 +1,22 @@
+"""The README's scorecard is rendered from the committed results, never typed."""
+import json
+
+from conftest import ROOT
+
+
+def test_readme_scorecard_is_the_published_results(cli):
+    "`slm-bench readme --check` passes: the README's results section is exactly what results/tiny/scorecard.json renders to."
+    checked = cli("readme", "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_published_scorecard_counts_add_up():
+    "Every published finding has one verdict; the per-paper counts sum to the totals; checks are apart from findings."
+    card = json.loads((ROOT / "results" / "tiny" / "scorecard.json").read_text())
+    verdicts = ("reproduced", "contradicted", "inconclusive", "not_testable", "without_control")
+    assert sum(card["counts"][v] for v in verdicts) == card["counts"]["total"] == len(card["ledger"]["findings"])
+    for verdict in (*verdicts, "total", "checks"):
+        assert sum(paper[verdict] for paper in card["papers"].values()) == card["counts"][verdict]
+    assert card["counts"]["checks"] == len(card["ledger"]["checks"])
+    assert set(card["papers"]) == {"TinyGSM", "Phi-4", "Llama 2", "Orca 2"}
+    assert card["run"]["commit"] and card["run"]["status"] == "ok"
