@@ -170,9 +170,10 @@ def effect_text(effect: dict | None, percent: bool) -> str:
     return estimate.text(signed=True) + (f" (n={effect['n']})" if effect.get("n") else "")
 
 
-def claim_text(claim: Claim) -> str:
-    "The claim as tables show it: its statement, and the margin of a non-inferiority claim with where it comes from."
-    kept = f" (kept if no worse than −{claim.margin:g}; {claim.margin_source})" if claim.margin else ""
+def claim_text(claim: Claim, percent: bool = True) -> str:
+    "The claim as tables show it: its statement, and the margin of a non-inferiority claim (in points for rates) with where it comes from."
+    margin = f"{100 * claim.margin:g} points" if percent else f"{claim.margin:g}"
+    kept = f" (kept if no worse than −{margin}; {claim.margin_source})" if claim.margin else ""
     return claim.statement + kept
 
 
@@ -188,7 +189,7 @@ def _scorecard(self: Ledger, paper: str) -> BenchmarkTable:
                                             "reproduced by chance if no method had any effect. Effects are experiment − control on the same "
                                             "items, in points for rates, with paired bootstrap intervals."))
     for f in (f for f in self.findings if f.claim.paper == paper):
-        table.add_text(f.id, "claim", claim_text(f.claim) + f" ({f.claim.where}; {f.claim.cite})")
+        table.add_text(f.id, "claim", claim_text(f.claim, f.percent) + f" ({f.claim.where}; {f.claim.cite})")
         table.add_text(f.id, "experiment", f.experiment)
         table.add_text(f.id, "control", f.control if f.control is not None else (f"none; compared with {f.comparison}" if f.comparison else "none"))
         table.add_text(f.id, "measure", f.measure)
