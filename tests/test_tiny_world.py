@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from slm_bench.core.config import KEEP_FREED_MEMORY
+from slm_bench.core.store import read_jsonl
 from slm_bench.data.mixture import Source, epochs
 from slm_bench.train.engine import CausalLM, resolve_precision
 
@@ -128,7 +129,12 @@ def test_synth_and_curate(smoke_run):
     assert curate["wrong_answers_found"] == sum(r["corrupted"] for r in train)  # ... and are counted
     report = read(run_dir / "curate" / "contamination.json")
     assert set(report["report"]) == {"tinygsm13", "tinygsm8", "phi4"}
-    assert sorted(report["eval_sets"]) == ["gsm8k test", "svamp test", "tiny-world dev", "tiny-world test", "tiny-world test (IC)"]
+    assert sorted(report["eval_sets"]) == ["gsm8k test", "svamp test", "tiny-world dev", "tiny-world test", "tiny-world test (IC)",
+                                           "tiny-world test (new templates)"]
+    new_templates = read_jsonl(run_dir / "synth" / "test_new_templates.jsonl")
+    assert len(new_templates) == 24 and not {r["question"] for r in new_templates} & {r["question"] for r in test}
+    checks = {c["id"]: c["value"] for c in read(run_dir / "curate" / "findings.json")["checks"]}  # the split, as the ledger records it
+    assert (checks["template_overlap_test"], checks["template_overlap_test_new_templates"]) == (1.0, 0.0)
 
 
 def test_mixture_epochs_follow_the_formula(smoke_run):
