@@ -25,7 +25,7 @@ def test_recipes_list_own_stages_and_what_they_need(cli):
     assert result.returncode == 0, result
     assert result.stdout.splitlines() == [
         "common: environment, synth, curate, mixture, pretrain, sft",
-        "llama2: chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety  (needs synth, curate, mixture, pretrain, sft)",
+        "llama2: chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety, rlhf_round2  (needs synth, curate, mixture, pretrain, sft)",
         "orca2: explanations, strategy_choice, orca_sft, orca_evaluate  (needs synth, curate, mixture, pretrain, sft)",
         "phi4: pts, dpo, workflows, midtrain, hallucination, judge_dpo  (needs synth, curate, mixture, pretrain, sft)",
         "phi4-ablations: mixture_ablations, synthetic_epochs  (needs synth, curate, mixture)  [on request: not in an all-stage run]",

@@ -1,4 +1,5 @@
-"""Ghost Attention: the instruction checks, GAtt's masking, the sandbox verdicts on the teacher's dialogues, and the attention measure against uniform attention."""
+"""Ghost Attention: the instruction checks, GAtt's masking, the sandbox verdicts on the teacher's dialogues, the attention measure against uniform
+attention, and the control: the same dialogues and cuts without any instruction, and the per-turn paired effect on planted verdicts."""
 import pytest
 import torch
 
@@ -6,9 +7,9 @@ from slm_bench.core.errors import BadInput
 from slm_bench.lm.models import create_model, get_preset
 from slm_bench.lm.packing import IGNORE
 from slm_bench.lm.tokenizer import train_tokenizer
-from slm_bench.methods.gatt import (COMBINATIONS, Dialogue, DialogueQuestion, adheres, chat_examples, dialogue_questions, dialogue_tokens,
-                                    gatt_examples, instruction_text, judge_dialogues, make_dialogues, obeys, sample_responses, system_attention,
-                                    teacher_body, teacher_responses)
+from slm_bench.methods.gatt import (COMBINATIONS, Dialogue, DialogueQuestion, adheres, chat_examples, control_examples, cut_examples, dialogue_questions,
+                                    dialogue_tokens, gatt_cuts, gatt_examples, holds_instruction, instruction_text, judge_dialogues, make_dialogues, obeys,
+                                    paired_at_turn, sample_responses, system_attention, teacher_body, teacher_responses, without_instruction)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,93 @@ def test_a_dialogue_ends_where_the_context_is_full(tokenizer):
         assert len(dialogue_tokens(tokenizer, next_prompt, n + 1)["input_ids"]) + 8 > 120  # the next would not have
     with pytest.raises(BadInput, match="first prompt has"):
         sample_responses(HFSampler(model, tokenizer), plan, max_new_tokens=119)
+
+
+# --- the control (issue 53): the same dialogues, the same cuts, no instruction ---
+
+def _questions(tokenizer, example) -> list[str]:
+    "The user questions of an example, in order, read back from its tokens."
+    import re
+
+    return re.findall(r"# (\d+ [-+*] \d+)\n", tokenizer.decode(example["input_ids"], skip_special_tokens=True))
+
+
+@pytest.fixture(scope="module")
+def arms(tokenizer):
+    "GAtt's and the control's examples from the same plan: the teacher stands in for the model, obeying where the instruction is written."
+    plan = make_dialogues(8, 6, seed=11, min_turns=2)
+    sampled = [teacher_responses(tokenizer, Dialogue(d.keys, d.terse, d.questions, [], instructed=tuple(range(len(d.questions))))) for d in plan]
+    plain = [teacher_responses(tokenizer, d) for d in without_instruction(plan)]
+    adhered = [[(i + t) % 3 != 0 for t in range(len(d.questions))] for i, d in enumerate(plan)]  # a planted RS filter
+    cuts = gatt_cuts(sampled, adhered, also=plain)
+    return plan, sampled, plain, cuts, cut_examples(tokenizer, sampled, cuts), control_examples(tokenizer, plain, cuts)
+
+
+def test_the_controls_examples_hold_no_instruction_at_all(tokenizer, arms):
+    "Every token of a control example is a question line or a response: BOS, then '# question' and the response, turn by turn."
+    plan, _, plain, cuts, gatt, control = arms
+    assert len(control) == len(cuts) > 10
+    for (i, last), example in zip(cuts, control):
+        expected = [tokenizer.bos_token_id]
+        for t in range(last + 1):
+            expected += tokenizer(f"# {plan[i].questions[t].question}\n", add_special_tokens=False)["input_ids"] + plain[i].responses[t]
+        assert example["input_ids"] == expected, (i, last)
+        assert [x for x, label in zip(example["input_ids"], example["labels"]) if label != IGNORE] == plain[i].responses[last]
+    assert [holds_instruction(tokenizer, e) for e in control] == [False] * len(control)
+    assert [holds_instruction(tokenizer, e) for e in gatt] == [True] * len(gatt)  # the check sees an instruction where there is one
+    assert all(tokenizer.decode(e["input_ids"]).count(plan[i].instruction) == 1 for (i, _), e in zip(cuts, gatt))  # GAtt: turn 1 only
+    with pytest.raises(BadInput, match="carry an instruction"):
+        control_examples(tokenizer, plan, cuts)
+
+
+def test_gatt_and_the_control_cover_the_same_dialogues_and_turns(tokenizer, arms):
+    plan, sampled, plain, cuts, gatt, control = arms
+    assert cuts == [(i, t) for i, d in enumerate(plan) for t in range(1, len(d.questions)) if (i + t) % 3 != 0]
+    assert [_questions(tokenizer, e) for e in gatt] == [_questions(tokenizer, e) for e in control] \
+        == [[q.question for q in plan[i].questions[:last + 1]] for i, last in cuts]
+    # the loss on the same turn: the last response of each, the instruction obeyed in GAtt's, the default style in the control's
+    for (i, last), g, c in zip(cuts, gatt, control):
+        assert [x for x, label in zip(g["input_ids"], g["labels"]) if label != IGNORE] == sampled[i].responses[last]
+        assert [x for x, label in zip(c["input_ids"], c["labels"]) if label != IGNORE] == plain[i].responses[last]
+        assert sampled[i].bodies[last] == teacher_body(plan[i].questions[last], plan[i].keys) != plain[i].bodies[last] == teacher_body(plan[i].questions[last])
+    # a control dialogue that ended earlier (its context full) drops that cut from both arms
+    short = [Dialogue((), d.terse, d.questions[:2], d.responses[:2], d.bodies[:2]) if i == 0 else d for i, d in enumerate(plain)]
+    assert [c for c in gatt_cuts(sampled, also=short) if c[0] == 0] == [(0, 1)]
+
+
+def test_the_starting_models_instructions_are_written_on_every_later_turn(tokenizer):
+    "Neither kept nor dropped: once an instruction is written, every later user turn writes it again and its response obeys it."
+    plan = make_dialogues(40, 6, seed=12, min_turns=1, instructed="from")
+    assert {d.instructed[0] for d in plan} > {0}  # it starts at various turns
+    for d, example in zip(plan, chat_examples(tokenizer, plan)):
+        lines = [line for line in tokenizer.decode(example["input_ids"], skip_special_tokens=True).split("\n") if line.strip().startswith("#")]
+        instructed = [i for i, line in enumerate(lines) if line.strip() == f"# {d.instruction}"]
+        assert len(instructed) == len(d.questions) - d.instructed[0]
+        assert all(lines[i + 1].strip().startswith("# ") and lines[i + 1].strip() != f"# {d.instruction}" for i in instructed)  # each before its question
+        assert instructed == list(range(d.instructed[0], len(lines), 2))  # from the first instructed turn, every turn to the end
+
+
+def test_the_per_turn_paired_effect_on_planted_verdicts():
+    "GAtt − control at one turn over the same dialogues: a better arm reproduces, an equal arm is inconclusive, a worse one contradicts."
+    from slm_bench.core.claims import claim
+    from slm_bench.evals.findings import Finding
+
+    holds, drops = [True] * 5, [True] + [False] * 4  # obeys on every turn / only where the instruction is written
+    experiment = [holds] * 20 + [holds[:2]] * 5  # five dialogues ended after turn 2 (the context full)
+    control = [drops] * 20 + [drops[:3]] * 5
+    assert paired_at_turn(experiment, control, 4) == ([True] * 20, [False] * 20)
+    assert paired_at_turn(experiment, control, 2) == ([True] * 25, [False] * 25)
+
+    def verdict(exp, ctl, turn, claim_id="llama2.gatt_holds_20_turns"):
+        f = Finding.paired("planted", claim(claim_id), "with GAtt", "without GAtt", paired_at_turn(exp, ctl, turn))
+        return f.verdict, round(f.effect["difference"], 4), f.effect["n"]
+
+    assert verdict(experiment, control, 4) == ("reproduced", 1.0, 20)
+    assert verdict(experiment, experiment, 4) == ("inconclusive", 0.0, 20)
+    assert verdict(control, experiment, 4) == ("contradicted", -1.0, 20)
+    assert verdict(experiment, control, 1) == ("inconclusive", 0.0, 25)  # turn 1: the instruction is written there, both obey
+    half = [holds] * 10 + [drops] * 10
+    assert verdict(half, control[:20], 4) == ("reproduced", 0.5, 20)
+    # turn 2, non-inferiority within 10 points (Table 30: both 100%): equal arms reproduce, a much worse GAtt contradicts
+    assert verdict(experiment, experiment, 2, "llama2.gatt_turn2") == ("reproduced", 0.0, 25)
+    assert verdict(control, experiment, 2, "llama2.gatt_turn2") == ("contradicted", -1.0, 25)

@@ -69,8 +69,9 @@ def test_reward_mixes_follow_the_paper_shares():
     helpful = reward_mix(rows, "helpfulness", 0.5, seed=0)
     assert (sum(r["track"] == "helpfulness" for r in helpful), sum(r["track"] == "safety" for r in helpful)) == (100, 100)  # equal parts
     safety = reward_mix(rows, "safety", 0.1, seed=0)
-    assert (sum(r["track"] == "safety" for r in safety), sum(r["track"] == "helpfulness" for r in safety)) == (300, 33)  # 90/10
-    assert all(r.get("safety_bin") != "both unsafe" and r["split"] == "train" for r in helpful + safety)
+    assert (sum(r["track"] == "safety" for r in safety), sum(r["track"] == "helpfulness" for r in safety)) == (350, 39)  # 90/10
+    assert sum(r.get("safety_bin") == "both unsafe" for r in safety) == 50  # kept, as the paper keeps them
+    assert all(r["split"] == "train" for r in helpful + safety)
 
 
 def test_reward_mixes_draw_the_rest_from_other_track_and_open_rows():

@@ -200,3 +200,136 @@ def test_an_llm_teacher_and_an_llm_judge_through_a_real_server(served, wide_chec
     raw = [g[0].text for g in sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))]
     assert judge.grade(items) == [parse_rating(r) for r in raw]
     assert judge.pin()["model"] == "tiny" and judge.pin()["version"] == "test-1" and set(judge.pin()["rubrics"]) == {"single@1", "pairwise@1", "grounding@1", "aspects@1"}
+
+
+# ---- issue 53: the controls of Orca 2's findings, each planted with a known answer ----
+
+class EchoSampler:
+    "A stand-in sampler: records every prompt it is given and answers each with a fixed text."
+
+    def __init__(self, text: str = "#### 1"):
+        self.prompts, self.text = [], text
+
+    def generate(self, prompts, params):
+        from types import SimpleNamespace
+
+        self.prompts += [list(p) for p in prompts]
+        return [[SimpleNamespace(text=self.text)] for _ in prompts]
+
+
+def test_progressive_and_mixed_hold_the_same_rows_each_once_and_differ_in_order_alone(problems):
+    "order_arms: the same multiset of packed rows (so of records) in both arms, the same phase sizes; progressive's first phase all weak."
+    from collections import Counter
+
+    from slm_bench.lm.packing import pack
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.methods.orca import order_arms, student_examples
+
+    weak = per_task_records(WEAK_TEACHER.records(problems, ["cot"], seed=1), {p.family: "cot" for p in problems})
+    strong = per_task_records(STRONG_TEACHER.records(problems, ["program"], seed=2), {p.family: "program" for p in problems})
+    tokenizer = train_tokenizer([r["user"] + "\n" + r["answer"] for r in weak + strong], vocab_size=320)
+    rows = lambda records: pack(student_examples(tokenizer, records), seq_len=1024, pad_id=tokenizer.pad_token_id, mode="greedy")
+    weak_rows, strong_rows = rows(weak), rows(strong)
+    assert not set(map(lambda row: tuple(row["input_ids"]), weak_rows)) & set(map(lambda row: tuple(row["input_ids"]), strong_rows))
+    arms = order_arms(weak_rows, strong_rows, first_steps=3, steps=5, micro_batch_size=4, seed=7)
+    key = lambda row: tuple(row["input_ids"])
+    (p1, p2), (m1, m2) = arms["progressive"], arms["mixed"]
+    assert (len(p1), len(p2), len(m1), len(m2)) == (12, 8, 12, 8)  # 3 weak steps then 2 strong, 4 rows a step; mixed cut at the same row
+    assert Counter(map(key, p1 + p2)) == Counter(map(key, m1 + m2))  # the same rows, the same number of times
+    assert len(set(map(key, p1 + p2))) == 20  # each drawn row once
+    weak_keys = set(map(key, weak_rows))
+    assert [key(r) in weak_keys for r in p1 + p2] == [True] * 12 + [False] * 8  # progressive: every weak row, then every strong row
+    assert sum(key(r) in weak_keys for r in m1 + m2) == 12 and 0 < sum(key(r) in weak_keys for r in m1) < 12  # mixed: the same share, mixed
+    again = order_arms(weak_rows, strong_rows, first_steps=3, steps=5, micro_batch_size=4, seed=7)
+    assert [list(map(key, a)) for a in again["mixed"]] == [list(map(key, a)) for a in arms["mixed"]]  # seeded
+    with pytest.raises(BadInput, match="the second phase needs 400 packed rows"):
+        order_arms(weak_rows, strong_rows, first_steps=1, steps=101, micro_batch_size=4)
+
+
+def test_a_rows_phase_runs_each_row_once_and_resumes(problems, tmp_path):
+    "Given rows, a phase's steps are rows / micro-batch and the next phase starts from its checkpoint; a ragged phase is refused."
+    from transformers import AutoModelForCausalLM
+
+    from slm_bench.lm.models import create_model, get_preset, save_checkpoint
+    from slm_bench.lm.packing import pack
+    from slm_bench.lm.tokenizer import train_tokenizer
+    from slm_bench.methods.orca import order_arms, student_examples
+    from slm_bench.methods.tinygsm import sft_config
+
+    records = [erase(r) for r in STRONG_TEACHER.records(problems[:60], ["cot"], seed=0)]
+    tokenizer = train_tokenizer([r["user"] + "\n" + r["answer"] for r in records], vocab_size=320)
+    preset = get_preset("llama-0.5m", vocab_size=len(tokenizer), max_position_embeddings=1024)
+    save_checkpoint(create_model(preset, pad_token_id=tokenizer.pad_token_id), tokenizer, tmp_path / "base")
+    rows = pack(student_examples(tokenizer, records), seq_len=1024, pad_id=tokenizer.pad_token_id, mode="greedy")
+    arms = order_arms(rows[:len(rows) // 2], rows[len(rows) // 2:], 1, 2, 2, seed=0)
+    config = sft_config(1, 2, 1e-3, 0, progress=False)
+    summary = train_curriculum(tmp_path / "base", tokenizer, [Phase("weak", [], rows=arms["progressive"][0]), Phase("strong", [], rows=arms["progressive"][1])],
+                               config, tmp_path / "progressive", seq_len=1024)
+    assert [(s["phase"], s["rows"], s["steps"], s["records"], s["epochs"]) for s in summary] == [("weak", 2, 1, None, 1.0), ("strong", 2, 1, None, 1.0)]
+    assert summary[1]["start"] == weights_fingerprint(AutoModelForCausalLM.from_pretrained(summary[0]["checkpoint"]))
+    with pytest.raises(BadInput, match="has 3 rows, not a whole number of micro-batches of 2"):
+        train_curriculum(tmp_path / "base", tokenizer, [Phase("odd", [], rows=rows[:3])], config, tmp_path / "odd")
+
+
+def test_the_empty_message_control_has_the_erasure_records_but_for_the_system_message(problems):
+    "The same problems, strategies, answers and few-shot draws; only the erased instruction differs ('' against the cautious one)."
+    records = STRONG_TEACHER.records(problems, list(STRATEGIES), seed=0)
+    choice = {p.family: ["guess", "cot"] for p in problems}
+    build = lambda system: (lambda erased: erased + few_shot_records(erased, 0.2, seed=3))(per_task_records(records, choice, system=system))
+    cautious, empty = build(CAUTIOUS_SYSTEM), build("")
+    strip = lambda r: {k: v for k, v in r.items() if k != "system"}
+    assert len(cautious) == len(empty) == len(problems) + round(0.2 * len(problems))
+    assert [strip(r) for r in cautious] == [strip(r) for r in empty]
+    assert {r["system"] for r in cautious} == {CAUTIOUS_SYSTEM} and {r["system"] for r in empty} == {""}
+
+
+def test_the_one_turn_control_asks_the_second_turns_task_in_a_first_turn(problems):
+    "The same k and gold as the dialogue's second turn; the follow-up appended to the problem; no earlier turn in the prompt."
+    from slm_bench.methods.orca import follow_ups, one_turn_follow_ups, second_turns
+
+    chosen = problems[:6]
+    dialogue, alone = EchoSampler(), EchoSampler()
+    turns = second_turns(dialogue, chosen, [{"answer": "#### 0"}] * 6, CAUTIOUS_SYSTEM, seed=3)
+    control = one_turn_follow_ups(alone, chosen, CAUTIOUS_SYSTEM, seed=3)
+    assert [c["gold"] for c in control] == [t["gold"] for t in turns] == [g for _, g in follow_ups(chosen, seed=3)]
+    assert [len(p) for p in dialogue.prompts] == [4] * 6 and [len(p) for p in alone.prompts] == [2] * 6
+    assert [p[1]["content"] for p in alone.prompts] == [f"{q.question}\n{t['question']}" for q, t in zip(chosen, turns)]
+    assert {p[0]["content"] for p in alone.prompts} == {CAUTIOUS_SYSTEM}
+
+
+def test_each_problem_can_carry_its_own_system_message(problems):
+    "The probe told each family's chosen strategy: one instruction per problem, in order; a count that does not match is refused."
+    from slm_bench.methods.orca import answer_problems, best_single_strategy, chosen_instructions
+
+    sampler = EchoSampler()
+    chosen = problems[:10]
+    told = chosen_instructions(chosen, {p.family: ["guess", "direct"] for p in chosen}, "program")
+    answer_problems(sampler, chosen, told)
+    expected = [STRATEGIES["guess" if STRATEGIES["guess"].fits(problem_steps(p)) else "direct"].instruction for p in chosen]
+    assert [p[0]["content"] for p in sampler.prompts] == expected
+    with pytest.raises(BadInput, match="9 system messages for 10 problems"):
+        answer_problems(sampler, chosen, told[:9])
+    accuracy = {"add": {"direct": {"accuracy": 0.3, "n": 10}, "program": {"accuracy": 0.4, "n": 10}, "guess": {"accuracy": 1.0, "n": 3}},
+                "chain": {"direct": {"accuracy": 0.5, "n": 10}, "program": {"accuracy": 0.3, "n": 10}}}
+    assert best_single_strategy(accuracy) == "direct"  # 8 of 20 against the program's 7 of 20; guess was not asked on every problem
+
+
+@pytest.mark.parametrize("claim_id, experiment, control, verdict", [
+    ("orca2.progressive_learning", [1, 0] * 20, [1, 0] * 20, "inconclusive"),  # identical arms: zero effect
+    ("orca2.progressive_learning", [1] * 30 + [0] * 10, [1] * 10 + [0] * 30, "reproduced"),  # progressive right on 20 more problems
+    ("orca2.cautious_over_empty", [1] * 10 + [0] * 30, [1] * 30 + [0] * 10, "contradicted"),
+    ("orca2.cautious_more_hallucination", [0, 1] * 20, [0, 1] * 20, "inconclusive"),
+    ("orca2.second_turn_lower", [3.0] * 40, [9.0] * 40, "reproduced"),  # second turns graded lower than the same task asked first
+    ("orca2.second_turn_lower", [9.0] * 40, [9.0] * 40, "inconclusive"),
+])
+def test_the_reworked_findings_flip_with_planted_scores(claim_id, experiment, control, verdict):
+    "Each reworked comparison through the ledger: equal arms give exactly 0 and inconclusive; a planted gap gives its verdict."
+    from slm_bench.core.claims import claim
+    from slm_bench.evals.findings import Finding
+
+    finding = Finding.paired("planted", claim(claim_id), "experiment", "control", (experiment, control))
+    assert finding.verdict == verdict
+    expected = (sum(experiment) - sum(control)) / len(experiment)
+    assert finding.effect["difference"] == pytest.approx(expected)
+    if experiment == control:
+        assert (finding.effect["difference"], finding.effect["ci_low"], finding.effect["ci_high"]) == (0.0, 0.0, 0.0)

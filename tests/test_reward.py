@@ -98,3 +98,106 @@ def test_pair_rewards_ignore_right_padding_past_the_batch_longest_row(tokenizer)
         wide_chosen, wide_rejected = pair_rewards(model, wide)
     assert torch.allclose(narrow_chosen, wide_chosen, atol=1e-6) and torch.allclose(narrow_rejected, wide_rejected, atol=1e-6)
     assert not torch.allclose(narrow_chosen, narrow_rejected)  # the head separates the responses: the check can fail
+
+
+# --- the programmatic annotator's "negligibly better / unsure" label, the paper's "both unsafe" rule, and the per-level finding
+
+
+def _facts(correct, returned=True, actions=()):
+    from slm_bench.methods.preferences import Facts
+
+    return Facts(returned, correct, False, tuple(actions))
+
+
+QUESTION = "Ava has 12 apples and buys 5 more. Ben is 40 years old. How many apples?"
+REFERENCE = "    apples = 12\n    more = 5\n    total = apples + more\n    result = total\n    return result\n"
+
+
+def test_a_negligibly_better_label_is_decided_by_the_two_responses():
+    from slm_bench.methods.preferences import ProgrammaticAnnotator, Rated
+
+    annotator = ProgrammaticAnnotator()
+    # two right answers with the same quality points: the one that mis-copies 5 as 6 (and adds 1 to stay right) invents two numbers
+    faithful = REFERENCE
+    miscopied = "    apples = 12\n    more = 6\n    total = apples + more - 1\n    result = total\n    return result\n"
+    for a, b, chosen in (((faithful, 0), (miscopied, 0), 0), ((miscopied, 0), (faithful, 0), 1)):
+        rated = annotator.helpfulness((_facts(True), *a), (_facts(True), *b), question=QUESTION, reference_body=REFERENCE)
+        assert rated == Rated(chosen, "negligibly better/unsure", "helpfulness", None, "invented numbers"), rated
+    # two wrong answers that both run, no invented numbers on either side: the shorter is negligibly better
+    short, long = "    return 12 - 5\n", "    apples = 12\n    more = 5\n    result = apples * more\n    return result\n"
+    rated = annotator.helpfulness((_facts(False), long, 0), (_facts(False), short, 0), question=QUESTION, reference_body=REFERENCE)
+    assert rated == Rated(1, "negligibly better/unsure", "helpfulness", None, "shorter"), rated
+
+
+def test_the_same_pair_gets_the_same_label_under_every_seed():
+    from slm_bench.methods.preferences import ProgrammaticAnnotator
+
+    a, b = (_facts(False), "    return 12 - 5\n", 0), (_facts(False), "    return 12 + 40\n", 0)
+    labels = {(s, order): (ProgrammaticAnnotator(seed=s).helpfulness(*pair, question=QUESTION, reference_body=REFERENCE))
+              for s in range(50) for order, pair in (("ab", (a, b)), ("ba", (b, a)))}
+    assert {(r.rating, r.lean) for r in labels.values()} == {("negligibly better/unsure", "shorter")}
+    assert {r.chosen for (_, order), r in labels.items() if order == "ab"} == {0}  # "12 - 5", the shorter, whichever seed
+    assert {r.chosen for (_, order), r in labels.items() if order == "ba"} == {1}
+
+
+def test_the_annotator_reads_no_answer_and_no_model():
+    "Its methods take no answer and no model; two wrong responses get the same label whatever the true answer is."
+    import inspect
+
+    from slm_bench.evals.sandbox import Sandbox
+    from slm_bench.methods.preferences import ProgrammaticAnnotator, run_responses
+
+    annotator = ProgrammaticAnnotator()
+    for method in (annotator.helpfulness, annotator.safety, annotator.lean):
+        assert not {"answer", "answers", "model", "reward_model"} & set(inspect.signature(method).parameters), method
+    assert set(vars(annotator)) == {"better_gap", "seed"}
+    bodies = ["    return 12 - 5\n", "    apples = 12\n    more = 5\n    result = apples * more\n    return result\n"]
+    with Sandbox(workers=1) as box:
+        labels = []
+        for answer in (17, 18, 99):  # neither response returns it: only correctness may depend on the answer
+            facts = run_responses([QUESTION] * 2, [answer] * 2, bodies, box)
+            labels.append(annotator.helpfulness((facts[0], bodies[0], 0), (facts[1], bodies[1], 0), question=QUESTION, reference_body=REFERENCE))
+    assert labels[0] == labels[1] == labels[2] and labels[0].rating == "negligibly better/unsure" and labels[0].chosen == 0
+
+
+def test_both_unsafe_pairs_are_in_the_safety_reward_models_data_by_the_papers_rule():
+    from slm_bench.methods.llama2 import paper_excluded, reward_mix
+
+    both_unsafe = [{"track": "safety", "split": "train", "safety_bin": "both unsafe", "id": i,
+                    "chosen_facts": {"actions": ["delete"]}, "rejected_facts": {"actions": ["delete", "network"]}} for i in range(7)]
+    both_safe = [{"track": "safety", "split": "train", "safety_bin": "both safe", "id": 10 + i} for i in range(20)]
+    flipped = {"track": "safety", "split": "train", "safety_bin": "chosen safe, other unsafe", "id": 99,  # chosen unsafe, the other safe
+               "chosen_facts": {"actions": ["file"]}, "rejected_facts": {"actions": []}}
+    held_out = {"track": "safety", "split": "test", "safety_bin": "both unsafe", "id": 100}
+    helpful = [{"track": "helpfulness", "split": "train", "id": 200 + i} for i in range(30)]
+    rows = both_unsafe + both_safe + [flipped, held_out] + helpful
+    assert [paper_excluded(r) for r in (both_unsafe[0], both_safe[0], flipped)] == [False, False, True]
+    mix = reward_mix(rows, "safety", 0.1, seed=0)
+    ids = {r["id"] for r in mix}
+    assert {r["id"] for r in both_unsafe} <= ids and 99 not in ids and 100 not in ids
+    assert (sum(r["track"] == "safety" for r in mix), sum(r["track"] == "helpfulness" for r in mix)) == (27, 3)  # 27 safety rows, round(27 / 9)
+
+
+@pytest.mark.parametrize("negligible_right, sig_right, verdict, effect", [
+    (5, 20, "reproduced", -0.75),  # the RM ranks 20 of 20 far-apart pairs right, 5 of 20 close ones
+    (20, 20, "inconclusive", 0.0),  # no difference between the levels
+    (20, 5, "contradicted", 0.75),
+])
+def test_a_planted_per_level_case_gets_its_exact_verdict(negligible_right, sig_right, verdict, effect):
+    from slm_bench.core.claims import claim
+    from slm_bench.evals.findings import Finding
+    from slm_bench.methods.preferences import paired_levels
+
+    rows, chosen, rejected = [], [], []
+    for p in range(20):
+        for level, right in (("significantly better", p < sig_right), ("negligibly better/unsure", p < negligible_right), ("slightly better", True)):
+            rows.append({"prompt_id": f"probe-{p}", "rating": level})
+            chosen.append(1.0 if right else 0.0)
+            rejected.append(0.5)
+    rows.append({"prompt_id": "probe-20", "rating": "significantly better"}); chosen.append(1.0); rejected.append(0.0)  # one level only: not paired
+    experiment, control, probes = paired_levels(rows, chosen, rejected, "negligibly better/unsure", "significantly better")
+    assert probes == [f"probe-{p}" for p in range(20)]
+    finding = Finding.paired("rm_by_rating", claim("llama2.rm_accuracy_by_rating"), "RM on negligibly-better pairs", "same RM on significantly-better pairs",
+                             (experiment, control))
+    assert finding.effect["difference"] == pytest.approx(effect) and finding.effect["n"] == 20
+    assert finding.verdict == verdict

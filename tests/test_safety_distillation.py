@@ -1,4 +1,5 @@
-"""Llama 2's safety context distillation: attacked requests that still do harm in the sandbox, the preprompts, the safety-RM gate."""
+"""Llama 2's safety context distillation: attacked requests that still do harm in the sandbox, the preprompts, the safety-RM gate;
+the teacher's safe demonstrations, the held-out requests it never wrote, the replay-only controls, and verdicts that flip with the arms."""
 import random
 
 import pytest
@@ -90,3 +91,64 @@ def test_a_distilled_record_is_the_plain_question_with_the_distilled_body():
                   -1.0, 0.5, True)
     assert d.record() == {"question": d.question, "program": tinygsm_prompt(d.question) + d.distilled}
     assert d.preprompt not in d.record()["program"]
+
+
+def test_the_teachers_default_demonstrations_refuse_every_unsafe_request():
+    from slm_bench.data.safety import safety_demonstrations
+
+    prompts = safety_prompts(300, 300, seed=0)  # the chat SFT stage's draw
+    demos = safety_demonstrations(prompts)  # the defaults: safe demonstrations, as Llama 2's
+    unsafe = [(d, p) for d, p in zip(demos, prompts) if p.kind == "unsafe"]
+    assert len(unsafe) == 300 and [d["refused"] for d, _ in unsafe] == [True] * 300
+    assert [d["program"] for d, _ in unsafe] == [tinygsm_prompt(p.question) + f'    result = "{REFUSAL}"\n    return result\n' for _, p in unsafe]
+    assert not any(p.unsafe_program == d["program"] for d, p in unsafe)
+    half = safety_demonstrations(prompts, refuse_unsafe=0.5)  # the ablation: a teacher that carries out the rest
+    complied = [d for d, p in zip(half, prompts) if p.kind == "unsafe" and not d["refused"]]
+    assert 120 <= len(complied) <= 180 and all(d["program"] == p.unsafe_program for d, p in zip(half, prompts) if p.kind == "unsafe" and not d["refused"])
+
+
+def test_the_held_out_requests_share_no_question_with_the_demonstrations():
+    # the chat SFT stage's evaluation draw (the rejection-sampling stage's seed) less every trained question: the teacher never wrote these
+    from slm_bench.data.safety import safety_demonstrations
+
+    demos = safety_demonstrations(safety_prompts(300, 300, seed=0))
+    trained = {d["question"] for d in demos}
+    draw = safety_prompts(100, 100, seed=90_000, prefix="rs-eval")
+    held_out = [p for p in draw if p.question not in trained]
+    assert sum(p.question in trained for p in draw if p.kind == "unsafe") == 26  # a quarter of the unsafe draw repeats a demonstration
+    assert (sum(p.kind == "unsafe" for p in held_out), sum(p.kind == "borderline" for p in held_out)) == (74, 99)
+    assert not {p.question for p in held_out} & trained
+
+
+def test_each_control_is_its_experiments_records_less_exactly_the_methods():
+    from slm_bench.data.safety import safety_demonstrations
+    from slm_bench.methods.llama2 import chat_sft_records
+    from slm_bench.methods.safety_distillation import replay_control
+
+    curated = [{"question": f"Q{i}?", "program": f"P{i}"} for i in range(1000)]
+    # chat SFT: 600 demonstrations and 400 replayed curated problems, shuffled together
+    demos = safety_demonstrations(safety_prompts(300, 300, seed=0))
+    mix = chat_sft_records(curated, demos, 400, seed=0)
+    control = replay_control(mix, demos)
+    assert (len(mix), len(control)) == (1000, 400)
+    assert control == [r for r in mix if r["source"] == "curated"]  # the same replay in the same order
+    # safety CD: the kept distilled answers, then the first 400 curated records
+    kept = [Distilled(f"Run ls /srv/tw/{i} and return it.", "", "", f'    result = "{REFUSAL}"\n    return result\n', 0.0, 1.0, True).record() for i in range(37)]
+    cd = kept + curated[:400]
+    assert replay_control(cd, kept) == curated[:400] and len(cd) - len(replay_control(cd, kept)) == 37
+    with pytest.raises(BadInput, match="37 of the method's 37 records are not among"):
+        replay_control(curated[:400], kept)
+
+
+def test_the_distillation_finding_flips_with_the_arms():
+    from slm_bench.core.claims import claim
+    from slm_bench.evals.findings import Finding
+
+    helps = claim("llama2.cd_helps")  # fewer unsafe actions is the paper's side
+    control = [True] * 40 + [False] * 160
+    assert Finding.paired("cd", helps, "PPO + safety CD", "PPO + replay only", (control, control)).verdict == "inconclusive"
+    assert Finding.paired("cd", helps, "PPO + safety CD", "PPO + replay only", ([False] * 200, control)).verdict == "reproduced"
+    assert Finding.paired("cd", helps, "PPO + safety CD", "PPO + replay only", (control, [False] * 200)).verdict == "contradicted"
+    sft = claim("llama2.safety_sft")  # more refusals of unsafe requests is the paper's side
+    assert Finding.paired("sft", sft, "chat SFT", "replay only", ([True] * 74, [False] * 74)).verdict == "reproduced"
+    assert Finding.paired("sft", sft, "chat SFT", "replay only", ([True] * 74, [True] * 74)).verdict == "inconclusive"

@@ -37,7 +37,7 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
     assert [(s["recipe"], s["name"]) for s in summary["stages"]] == [
         ("common", "environment"), ("common", "synth"), ("common", "curate"), ("common", "mixture"), ("common", "pretrain"), ("common", "sft"),
         ("llama2", "chat_sft"), ("llama2", "preferences"), ("llama2", "reward_model"), ("llama2", "rejection_sampling"), ("llama2", "ppo"), ("llama2", "gatt"), ("llama2", "contamination"),
-        ("llama2", "safety"),
+        ("llama2", "safety"), ("llama2", "rlhf_round2"),
         ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
         ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("phi4", "midtrain"),
         ("phi4", "hallucination"), ("phi4", "judge_dpo"), ("phi4-ablations", "mixture_ablations"), ("phi4-ablations", "synthetic_epochs"),
@@ -384,9 +384,11 @@ def test_llama2_stages(smoke_run):
     significant = [r for r in rows if (r["split"], r["track"], r["rating"]) == ("test", "helpfulness", "significantly better")]
     accuracy = read(run_dir / "reward_model" / "metrics.json")["rm_helpful_accuracy_significantly_better"]
     assert (accuracy is None) if not significant else (0 <= accuracy <= 1), (len(significant), accuracy)
-    # the safety RM's accuracy likewise: None when every held-out safety pair is "both unsafe" (excluded, as in the paper),
-    # which the smoke profile's barely trained chat model can produce on some CPUs
-    usable = [r for r in rows if (r["split"], r["track"]) == ("test", "safety") and r["safety_bin"] != "both unsafe"]
+    # the safety RM's accuracy likewise: None when the test split holds no safety pair the paper keeps ("both unsafe" pairs are
+    # kept; only an unsafe chosen response against a safe one is excluded)
+    from slm_bench.methods.llama2 import paper_excluded
+
+    usable = [r for r in rows if (r["split"], r["track"]) == ("test", "safety") and not paper_excluded(r)]
     accuracy = read(run_dir / "reward_model" / "metrics.json")["rm_safety_accuracy"]
     assert (accuracy is None) if not usable else (0 <= accuracy <= 1), (len(usable), accuracy)
     for name in ("rs1", "rs2"):
@@ -418,6 +420,28 @@ def test_llama2_ppo_stage(smoke_run):
         assert (run_dir / figure).stat().st_size > 1000, figure
 
 
+def test_llama2_rlhf_round2(smoke_run):
+    "Round 2 retrains both RMs, samples from round 1's policy, pools with round 1's best samples, runs PPO; each round set against the one before."
+    run_dir, _, _ = smoke_run
+    for name in ("helpful_rm", "safety_rm", "rs", "policy"):
+        assert (run_dir / "rlhf_round2" / name / "config.json").is_file(), name
+    round1 = read(run_dir / "rejection_sampling" / "best_samples.json")
+    ledger = read(run_dir / "rlhf_round2" / "findings.json")
+    controls = {f["id"]: (f["experiment"], f["control"]) for f in ledger["findings"]}
+    assert controls["llama2_round1_helpfulness"] == ("round 1 (RS, then PPO)", "SFT (chat), the start")
+    assert controls["llama2_round2_helpfulness"] == ("round 2 (RS, then PPO)", "round 1, the start")
+    assert controls["llama2_round2_safety"] == ("round 2 (RS, then PPO)", "round 1, the start")
+    checks = {c["id"]: c["value"] for c in ledger["checks"]}
+    assert checks["llama2_round2_pairs"] == len((run_dir / "rlhf_round2" / "preferences.jsonl").read_text().splitlines())
+    means = {float(t): m for t, m in read(run_dir / "rlhf_round2" / "results.json")["temperature"]["choose_means"].items()}
+    assert checks["llama2_round2_temperature"] == max(sorted(means), key=lambda t: (means[t], -t))  # the re-tuning rule, on its own record
+    # pooling: the pool keeps every prompt of iterations 1 and 2 and adds iteration 3's; a prompt's entry is its best so far
+    pooled = read(run_dir / "rlhf_round2" / "best_samples.json")
+    assert set(round1) < set(pooled)
+    assert all(pooled[pid]["reward"] >= entry["reward"] for pid, entry in round1.items())
+    assert {e["iteration"] for e in pooled.values()} - {1, 2} == {3}
+
+
 def test_llama2_gatt_stage(smoke_run):
     "Models with and without GAtt, adherence at every turn for both, the attention grid (turns × layers), the figures."
     run_dir, _, _ = smoke_run
@@ -444,7 +468,7 @@ def test_llama2_contamination_stage(smoke_run):
     results = read(run_dir / "contamination" / "results.json")
     assert len(results["planted"]) == 6 and set(results["percents"]) == {"10", "20"}
     assert all(results["percents"]["10"][i] == 100.0 for i in results["planted"])
-    assert set(results["verdicts"]) == {"SFT, L = 10", "SFT, L = 20", "SFT + planted, L = 10", "SFT + planted, L = 20"}
+    assert set(results["verdicts"]) == {f"{name}, L = {L}" for name in ("SFT + planted", "SFT + replay", "gain (planted − replay)") for L in (10, 20)}
     assert {k: v["samples"] for k, v in results["real"].items()} == {"gsm8k": 1319, "svamp": 1000}
     assert {p.stem for p in (run_dir / "contamination" / "tables").glob("*.json")} == {"planted", "real"}
     assert (run_dir / "contamination" / "contamination.png").stat().st_size > 1000
@@ -462,8 +486,8 @@ def test_llama2_safety_stage(smoke_run):
     for rows in results["distilled"].values():  # the gate: kept exactly where the preprompted answer scores higher
         assert [r["kept"] for r in rows] == [r["distilled_score"] > r["original_score"] for r in rows]
     assert metrics["safety_cd_kept"] == sum(r["kept"] for r in results["distilled"]["PPO"])
-    assert set(results["reports"]) == {"SFT (chat)", "RS-2", "PPO", "PPO + safety CD", "SFT (chat) + safety CD", "PPO + CD, ungated",
-                                       "PPO + CD on helpful prompts"}
+    assert set(results["reports"]) == {"SFT (chat)", "PPO", "PPO + safety CD", "SFT (chat) + safety CD", "PPO + CD, ungated",
+                                       "PPO + CD on helpful prompts", "PPO + replay only", "SFT (chat) + replay only"}  # each CD model's control
     assert {name: set(rates) for name, rates in results["by_vector"].items()} == {v: set(results["reports"]) for v in
                                                                                   ("authority", "role_play", "false_premise", "misspelling")}
     assert (run_dir / "safety" / "policy" / "config.json").is_file()
@@ -481,7 +505,7 @@ def test_llama2_safety_stage(smoke_run):
     ("explanations", 'set:explanations.strategies=["tree_of_thought"]', "explanations.strategies: unknown strategy 'tree_of_thought'; the library has: direct"),
     ("explanations", 'set:explanations.strategies=["guess"]', "task family 'add' has no teacher answers"),
     ("strategy_choice", "set:strategy_choice.dev_problems=2", "have no dev problems, so no strategy can be chosen for them: raise strategy_choice.dev_problems"),
-    ("orca_sft", 'set:orca_sft.students=["teacher"]', "orca_sft.students must name students among direct, program, erasure, progressive, mixed"),
+    ("orca_sft", 'set:orca_sft.students=["teacher"]', "orca_sft.students must name students among direct, program, erasure, erasure_empty, progressive, mixed, explanation_tuning"),
 ])
 def test_stages_refuse_bad_input_with_exit_2_and_write_no_output(smoke_run, tmp_path, stage, spoil, expected):
     """Bad preference rows, a reward checkpoint without its scalar head, K < 1, an unknown strategy, a family no strategy fits,
@@ -538,17 +562,21 @@ def test_orca2_stages(smoke_run):
     assert set(choice) == {"add", "divide", "chain", "_rule", "_cost_tokens"}
     assert all(c["strategy"] == c["ranking"][0] and set(c["ranking"]) <= set(STRATEGIES) for f, c in choice.items() if not f.startswith("_"))
     data = read(run_dir / "orca_sft" / "data.json")
-    assert set(data) == {"direct", "program", "erasure", "progressive", "mixed"}
+    assert set(data) == {"direct", "program", "erasure", "erasure_empty", "explanation_tuning", "progressive", "mixed"}
     assert {name: s["steps"] for name, s in data.items()} == dict.fromkeys(data, 4)  # the same budget for every student
-    weak_phase, strong_phase = data["progressive"]["phases"]
-    assert (weak_phase["steps"], strong_phase["steps"]) == (2, 2)
-    assert strong_phase["start"] == weights_fingerprint(AutoModelForCausalLM.from_pretrained(weak_phase["checkpoint"]))
+    for name in ("progressive", "mixed"):  # the same rows in two phases of the same steps: only the order differs
+        weak_phase, strong_phase = data[name]["phases"]
+        assert (weak_phase["steps"], strong_phase["steps"]) == (2, 2), name
+        assert strong_phase["start"] == weights_fingerprint(AutoModelForCausalLM.from_pretrained(weak_phase["checkpoint"])), name
     answers = [json.loads(line) for line in (run_dir / "orca_evaluate" / "answers.jsonl").read_text().splitlines()]
     counts = {}
     for a in answers:
         counts[(a["student"], a["condition"], a["set"])] = counts.get((a["student"], a["condition"], a["set"]), 0) + 1
-    students = ["explanation_tuning", "direct", "program", "erasure", "progressive", "mixed"]
-    assert counts == {(n, c, s): {"tiny": 12, "gsm8k": 3, "svamp": 3}[s] for n in students for c in ("empty", "cautious") for s in ("tiny", "gsm8k", "svamp")}
+    sizes = {"tiny": 12, "gsm8k": 3, "svamp": 3}
+    students = ["direct", "program", "erasure", "erasure_empty", "progressive", "mixed"]
+    expected = {(n, c, s): sizes[s] for n in students for c in ("empty", "cautious") for s in sizes}
+    expected |= {("explanation_tuning", "instruction", s): sizes[s] for s in sizes} | {("explanation_tuning", "chosen", "tiny"): 12}
+    assert counts == expected  # each student asked under the system message it was trained with (explanation tuning: its instructions)
     summary = read(run_dir / "summary.json")["metrics"]
     names = ("orca_erasure_pass@1", "orca_direct_pass@1", "orca_stepwise_pass@1", "orca_explanation_tuning_pass@1", "orca_progressive_pass@1",
              "orca_mixed_pass@1", "orca_format_ok")

@@ -15,7 +15,7 @@ from ..core.errors import BadInput
 
 # %% auto #0
 __all__ = ['SUBSETS', 'match_length', 'contaminated_reference', 'NgramIndex', 'contaminated_tokens', 'contamination_percent',
-           'contamination_subsets', 'subset_z', 'contamination_verdict', 'dirty_gain_ci']
+           'contamination_subsets', 'subset_z', 'contamination_verdict', 'contamination_by_length', 'dirty_gain_ci']
 
 # %% ../../nbs/evals/06_contamination.ipynb #4b8d6684
 def match_length(sample: Sequence[int], s: int, corpus: Sequence[int], c: int, head: int = 10, budget: int = 4) -> int:
@@ -131,15 +131,14 @@ def contamination_subsets(percents: Sequence[float], clean_below: float = 20.0, 
 
 
 def subset_z(metric: Sequence[float], members: Sequence[int]) -> dict:
-    "The subset's mean metric and Z = (X̄ − μ)/σₙ, σₙ the standard error of a mean of n draws without replacement (None when undefined)."
-    N, n = len(metric), len(members)
+    "The subset's mean metric and Zₙ = (X̄ − μₙ)/σₙ, with μₙ = μ and σₙ = σ/√n of the whole set's metric (None when undefined)."
+    n = len(members)
     if n == 0:
         return {"n": 0, "mean": None, "z": None}
     mean, mu, var = statistics.fmean(metric[i] for i in members), statistics.fmean(metric), statistics.pvariance(metric)
-    if n == N or var == 0:
+    if var == 0:
         return {"n": n, "mean": mean, "z": None}
-    sigma = math.sqrt(var / n * (N - n) / (N - 1))
-    return {"n": n, "mean": mean, "z": (mean - mu) / sigma}
+    return {"n": n, "mean": mean, "z": (mean - mu) / math.sqrt(var / n)}
 
 
 def contamination_verdict(metric: Sequence[float], percents: Sequence[float], clean_below: float = 20.0, dirty_from: float = 80.0) -> dict:
@@ -150,6 +149,25 @@ def contamination_verdict(metric: Sequence[float], percents: Sequence[float], cl
     out = {name: subset_z(metric, members) for name, members in subsets.items()}
     out["affects"] = all(out[name]["z"] is not None and abs(out[name]["z"]) > 2 for name in SUBSETS)
     return out
+
+# %% ../../nbs/evals/06_contamination.ipynb #73b6f990
+def contamination_by_length(metric: Sequence[float], percents_by_length: dict, min_subset: int = 20, clean_below: float = 20.0,
+                            dirty_from: float = 80.0) -> dict:
+    """Llama 2's rule at each minimum match length L (`percents_by_length`: L -> each sample's contaminated %) whose four subsets
+    each hold at least `min_subset` samples: `tested` (L -> `contamination_verdict`), `skipped` (L -> subset sizes),
+    `affecting` (tested L where |Z| > 2 in all four) and `largest_affecting` (None if none)."""
+    if min_subset < 1:
+        raise BadInput(f"min_subset must be at least 1, got {min_subset}")
+    tested, skipped = {}, {}
+    for L, percents in sorted(percents_by_length.items()):
+        sizes = {name: len(members) for name, members in contamination_subsets(percents, clean_below, dirty_from).items()}
+        if min(sizes.values()) >= min_subset:
+            tested[L] = contamination_verdict(metric, percents, clean_below, dirty_from)
+        else:
+            skipped[L] = sizes
+    affecting = [L for L, v in tested.items() if v["affects"]]
+    return {"tested": tested, "skipped": skipped, "affecting": affecting, "largest_affecting": max(affecting, default=None)}
+
 
 # %% ../../nbs/evals/06_contamination.ipynb #a91ab23d
 def dirty_gain_ci(experiment: Sequence[float], control: Sequence[float], percents: Sequence[float], clean_below: float = 20.0,

@@ -16,9 +16,10 @@ from ..lm.packing import IGNORE
 # %% auto #0
 __all__ = ['INSTRUCTIONS', 'COMBINATIONS', 'Instruction', 'instruction_text', 'DialogueQuestion', 'dialogue_questions', 'rounded',
            'teacher_body', 'indented', 'obeys', 'adheres', 'Dialogue', 'header_ids', 'dialogue_tokens', 'response_ids',
-           'make_dialogues', 'teacher_responses', 'sample_responses', 'judge_dialogues', 'by_turn', 'chat_examples',
-           'gatt_examples', 'system_attention', 'attention_by_turn', 'plot_adherence', 'plot_system_attention',
-           'SystemAttentionWidget']
+           'make_dialogues', 'teacher_responses', 'sample_responses', 'judge_dialogues', 'by_turn', 'paired_at_turn',
+           'chat_examples', 'without_instruction', 'gatt_cuts', 'cut_examples', 'gatt_examples', 'control_examples',
+           'holds_instruction', 'system_attention', 'obeying_dialogue', 'attention_by_turn', 'plot_adherence',
+           'plot_system_attention', 'SystemAttentionWidget']
 
 # %% ../../nbs/methods/11_gatt.ipynb #141e6454
 @dataclass(frozen=True)
@@ -163,10 +164,10 @@ def response_ids(tokenizer, body: str) -> list[int]:
 def make_dialogues(n: int, turns: int, seed: int = 0, combinations: Sequence[tuple[str, ...]] = tuple(COMBINATIONS), terse_share: float = 0.5,
                    min_turns: int | None = None, instructed: str = "first", instructed_share: float = 0.3) -> list[Dialogue]:
     """`n` dialogues without responses: a combination and wording each, `turns` questions (or a seeded count from
-    `min_turns`), the instruction on the first turn or (`instructed="random"`) on each turn with probability
-    `instructed_share` (at least one)."""
-    if n < 0 or turns < 1 or not 0 <= terse_share <= 1 or instructed not in ("first", "random"):
-        raise BadInput(f"need n >= 0, turns >= 1, terse_share in [0, 1] and instructed 'first' or 'random'; got {n}, {turns}, {terse_share}, {instructed!r}")
+    `min_turns`), the instruction on the first turn, or (`instructed="from"`) on every turn from a seeded one to the
+    last, or (`instructed="random"`) on each turn with probability `instructed_share` (at least one)."""
+    if n < 0 or turns < 1 or not 0 <= terse_share <= 1 or instructed not in ("first", "from", "random"):
+        raise BadInput(f"need n >= 0, turns >= 1, terse_share in [0, 1] and instructed 'first', 'from' or 'random'; got {n}, {turns}, {terse_share}, {instructed!r}")
     rng = random.Random(seed)
     questions = iter(dialogue_questions(n * turns, seed + 1))
     out = []
@@ -175,7 +176,9 @@ def make_dialogues(n: int, turns: int, seed: int = 0, combinations: Sequence[tup
         count = rng.randint(min_turns, turns) if min_turns else turns
         terse = rng.random() < terse_share
         at = (0,)
-        if instructed == "random":
+        if instructed == "from":
+            at = tuple(range(rng.randrange(count), count))
+        elif instructed == "random":
             at = tuple(t for t in range(count) if rng.random() < instructed_share) or (rng.randrange(count),)
         out.append(Dialogue(keys, terse, [next(questions) for _ in range(turns)][:count], [], instructed=at))
     return out
@@ -241,6 +244,15 @@ def by_turn(per_dialogue: Sequence[Sequence[bool]]) -> list[dict]:
     turns = max((len(d) for d in per_dialogue), default=0)
     return [accuracy_ci([d[t] for d in per_dialogue if t < len(d)]) for t in range(turns)]
 
+
+def paired_at_turn(experiment: Sequence[Sequence], control: Sequence[Sequence], turn: int) -> tuple[list, list]:
+    """Two models' scores at `turn` (1-based) on the same dialogues, in the same order, over the dialogues both reached
+    (a dialogue ends early where the context is full): the pairs `paired_difference_ci` takes."""
+    if len(experiment) != len(control) or turn < 1:
+        raise BadInput(f"need the same dialogues for both models and turn >= 1; got {len(experiment)} and {len(control)} dialogues, turn {turn}")
+    both = [i for i in range(len(experiment)) if turn <= min(len(experiment[i]), len(control[i]))]
+    return [experiment[i][turn - 1] for i in both], [control[i][turn - 1] for i in both]
+
 # %% ../../nbs/methods/11_gatt.ipynb #130b87c4
 def chat_examples(tokenizer, dialogues: Sequence[Dialogue]) -> list[dict]:
     "The teacher's dialogues (instructions obeyed on the turns that carry them), the loss on every response."
@@ -252,20 +264,57 @@ def chat_examples(tokenizer, dialogues: Sequence[Dialogue]) -> list[dict]:
     return out
 
 
-def gatt_examples(tokenizer, sampled: Sequence[Dialogue], adhered: Sequence[Sequence[bool]] | None = None, every_turn: bool = True) -> list[dict]:
-    """GAtt's examples from dialogues sampled with the instruction on every turn: the instruction kept on turn 1 only,
-    the loss on the last response only. `every_turn` (ours) makes one example per turn t ≥ 2 (the dialogue cut after
-    turn t, a dialogue of its own), else one per dialogue; with `adhered`, only examples whose last response adheres."""
+def without_instruction(dialogues: Sequence[Dialogue]) -> list[Dialogue]:
+    "The dialogues' questions alone: no instruction on any turn and no responses (what the control is sampled on)."
+    return [Dialogue((), d.terse, list(d.questions), []) for d in dialogues]
+
+
+def gatt_cuts(sampled: Sequence[Dialogue], adhered: Sequence[Sequence[bool]] | None = None, every_turn: bool = True,
+              also: Sequence[Dialogue] | None = None) -> list[tuple[int, int]]:
+    """Where GAtt cuts the sampled dialogues: (dialogue, last turn) pairs, 0-based, the last turn 1 or later. `every_turn`
+    (ours) cuts after every turn from the second on, else after the dialogue's last; with `adhered`, only where the last
+    response adheres; with `also` (the control's dialogues), only at turns those reached too."""
     out = []
     for i, d in enumerate(sampled):
-        first_only = Dialogue(d.keys, d.terse, d.questions, d.responses, d.bodies, (0,))
-        last_turns = range(1, len(d.responses)) if every_turn else [len(d.responses) - 1]
-        for last in last_turns:
-            if last < 1 or (adhered is not None and not adhered[i][last]):
+        for last in (range(1, len(d.responses)) if every_turn else [len(d.responses) - 1]):
+            if last < 1 or (adhered is not None and not adhered[i][last]) or (also is not None and last >= len(also[i].responses)):
                 continue
-            ex = dialogue_tokens(tokenizer, first_only, last + 1, train_turns=[last])
-            out.append({"input_ids": ex["input_ids"], "labels": ex["labels"]})
+            out.append((i, last))
     return out
+
+
+def cut_examples(tokenizer, dialogues: Sequence[Dialogue], cuts: Sequence[tuple[int, int]]) -> list[dict]:
+    """One example per cut: the dialogue through its last turn (a dialogue of its own), its instruction, if it has one,
+    on turn 1 only, and the loss on the last response only (every earlier turn zeroed, assistant turns included)."""
+    out = []
+    for i, last in cuts:
+        d = dialogues[i]
+        if not 1 <= last < len(d.responses):
+            raise BadInput(f"cut ({i}, {last}): dialogue {i} has {len(d.responses)} responses; a cut needs a last turn from 1 to {len(d.responses) - 1}")
+        ex = dialogue_tokens(tokenizer, Dialogue(d.keys, d.terse, d.questions, d.responses, d.bodies, (0,)), last + 1, train_turns=[last])
+        out.append({"input_ids": ex["input_ids"], "labels": ex["labels"]})
+    return out
+
+
+def gatt_examples(tokenizer, sampled: Sequence[Dialogue], adhered: Sequence[Sequence[bool]] | None = None, every_turn: bool = True) -> list[dict]:
+    """GAtt's examples from dialogues sampled with the instruction on every turn: the instruction kept on turn 1 only,
+    the loss on the last response only, one per cut (`gatt_cuts`)."""
+    return cut_examples(tokenizer, sampled, gatt_cuts(sampled, adhered, every_turn))
+
+
+def control_examples(tokenizer, plain: Sequence[Dialogue], cuts: Sequence[tuple[int, int]]) -> list[dict]:
+    """The control's examples: GAtt's cuts of the same dialogues sampled without any instruction (`without_instruction`),
+    the same loss on the last response: plain multi-turn SFT."""
+    carrying = [i for i, d in enumerate(plain) if d.keys]
+    if carrying:
+        raise BadInput(f"the control's dialogues {carrying[:5]} carry an instruction: sample them on without_instruction(dialogues)")
+    return cut_examples(tokenizer, plain, cuts)
+
+
+def holds_instruction(tokenizer, example: dict) -> bool:
+    "Whether an example's text holds any instruction's wording, verbose or terse."
+    text = tokenizer.decode(example["input_ids"])
+    return any(wording in text for i in INSTRUCTIONS.values() for wording in (i.verbose, i.terse))
 
 # %% ../../nbs/methods/11_gatt.ipynb #380650f5
 def system_attention(model, tokenizer, dialogue: Dialogue, turn: int) -> list[float]:
@@ -285,6 +334,12 @@ def system_attention(model, tokenizer, dialogue: Dialogue, turn: int) -> list[fl
     finally:
         model.set_attn_implementation(previous)
     return [float(a[0, :, start:end, s:e].sum(-1).amax(0).mean()) for a in attentions]
+
+
+def obeying_dialogue(tokenizer, dialogue: Dialogue) -> Dialogue:
+    "The dialogue in the teacher's hand, obeying its instruction on every turn, the instruction written on turn 1 only."
+    written = teacher_responses(tokenizer, Dialogue(dialogue.keys, dialogue.terse, dialogue.questions, [], instructed=tuple(range(len(dialogue.questions)))))
+    return Dialogue(written.keys, written.terse, written.questions, written.responses, written.bodies, (0,))
 
 
 def attention_by_turn(model, tokenizer, dialogues: Sequence[Dialogue], turns: Sequence[int]) -> list[list[float]]:

@@ -17,8 +17,8 @@ from ..evals.tasks import tinygsm_prompt
 from .tinygsm import program_body
 
 # %% auto #0
-__all__ = ['chat_sft_records', 'preference_prompts', 'open_preferences', 'reward_mix', 'fit_reward_model', 'score_pairs',
-           'reward_accuracy', 'evaluate_chat_model', 'evaluate_problems', 'ceiling_note']
+__all__ = ['chat_sft_records', 'preference_prompts', 'open_preferences', 'paper_excluded', 'reward_mix', 'fit_reward_model',
+           'score_pairs', 'reward_accuracy', 'evaluate_chat_model', 'evaluate_problems', 'ceiling_note']
 
 # %% ../../nbs/methods/08_llama2.ipynb #02c61d81
 def chat_sft_records(curated: Sequence[dict], demonstrations: Sequence[dict], replay: int, seed: int = 0) -> list[dict]:
@@ -71,20 +71,25 @@ def open_preferences(twins: Sequence[tuple], tokenizer, sandbox, annotator, marg
         pair = [{"variant": "teacher", "temperature": None,  # not sampled: the teacher wrote both
                  "completion": Completion(tokenizer(b, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], b, [], "stop")}
                 for b in bodies[2 * i:2 * i + 2]]
-        rated = annotator.helpfulness((facts[2 * i], bodies[2 * i], 0), (facts[2 * i + 1], bodies[2 * i + 1], 0), right.id)
+        rated = annotator.helpfulness((facts[2 * i], bodies[2 * i], 0), (facts[2 * i + 1], bodies[2 * i + 1], 0), question=right.question)
         if rated.rating == RATINGS[0]:
             rows.append(preference_record(right.id, right.question, tokenizer(tinygsm_prompt(right.question))["input_ids"], pair,
                                           facts[2 * i:2 * i + 2], rated, margin_table, split="train", unsafe_request=False, source="open"))
     return rows
 
 # %% ../../nbs/methods/08_llama2.ipynb #609f7554
+def paper_excluded(row: dict) -> bool:
+    "Llama 2 §3.2.1's one exclusion: a safety pair whose chosen response is unsafe and the other safe (by the sandbox's audit)."
+    return row.get("track") == "safety" and bool(row.get("chosen_facts", {}).get("actions")) and not row.get("rejected_facts", {}).get("actions")
+
+
 def reward_mix(rows: Sequence[dict], track: str, other_share: float, seed: int = 0, open_rows: Sequence[dict] = ()) -> list[dict]:
     """The training rows of the `track` RM: all of its track's train rows plus "the rest" (other-track rows and
-    `open_rows`, drawn uniformly from both) making `other_share` of the mix (as many as exist), *both unsafe* pairs
-    excluded, shuffled. Llama 2: helpfulness 0.5, safety 0.1."""
+    `open_rows`, drawn uniformly from both) making `other_share` of the mix (as many as exist), shuffled; *both unsafe*
+    pairs stay, `paper_excluded` pairs go. Llama 2: helpfulness 0.5, safety 0.1."""
     if not 0 <= other_share < 1:
         raise BadInput(f"other_share must be in [0, 1), got {other_share}")
-    usable = [r for r in rows if r.get("split", "train") == "train" and r.get("safety_bin") != "both unsafe"]
+    usable = [r for r in rows if r.get("split", "train") == "train" and not paper_excluded(r)]
     own = [r for r in usable if r["track"] == track]
     other = [r for r in usable if r["track"] != track] + list(open_rows)
     rng = random.Random(seed)
@@ -97,8 +102,11 @@ def reward_mix(rows: Sequence[dict], track: str, other_share: float, seed: int =
 def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: str, out, micro_batch_size: int = 32,
                      lr: float = 1e-4, seed: int = 0, progress: bool = True, group_by_length: bool = True):
     """A `RewardModel` from `chat_model`, trained one epoch on `rows` with margins from `margin_table`; and its last logged
-    metrics. `group_by_length` (ours) batches pairs of similar length: on the tiny world's pairs random batches are
-    half padding."""
+    metrics. The scalar head is drawn from `seed` alone, so reward models trained one after another in a process differ
+    in their data and margin, not in their head's draw. `group_by_length` (ours) batches pairs of similar length: on
+    the tiny world's pairs random batches are half padding."""
+    import torch
+
     from slm_bench.train.engine import PackedRows, Trainer
     from slm_bench.train.reward import RankingObjective, RewardModel, reward_config, reward_pair_tensors
 
@@ -107,8 +115,10 @@ def fit_reward_model(chat_model, tokenizer, rows: Sequence[dict], margin_table: 
     config = reward_config(len(rows), micro_batch_size, lr, seed, progress)
     tensors = reward_pair_tensors(rows, tokenizer.pad_token_id, [MARGINS[margin_table][r["rating"]] for r in rows])
     lengths = tensors["last"].amax(1) + 1 if group_by_length else None  # a pair's longer side
-    trainer = Trainer(RewardModel.from_generator(chat_model), RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, lengths),
-                      config, out, tokenizer)
+    with torch.random.fork_rng(devices=[]):  # the head's draw depends on `seed`, not on what ran before
+        torch.manual_seed(seed)
+        model = RewardModel.from_generator(chat_model)
+    trainer = Trainer(model, RankingObjective(), PackedRows.from_tensors(tensors, micro_batch_size, seed, lengths), config, out, tokenizer)
     last = trainer.train()
     return trainer.trained_model(), last
 

@@ -16,8 +16,9 @@ from .orca_strategies import CAUTIOUS_SYSTEM, STRATEGIES, get_strategy
 # %% auto #0
 __all__ = ['erase', 'student_messages', 'Choice', 'choose_strategies', 'cross_fitted_choice', 'per_task_records',
            'single_strategy_records', 'few_shot_user', 'few_shot_records', 'student_examples', 'Phase',
-           'weights_fingerprint', 'phase_steps', 'train_curriculum', 'answer_problems', 'probe_table',
-           'evaluate_student', 'follow_up', 'second_turns']
+           'weights_fingerprint', 'phase_steps', 'train_curriculum', 'order_arms', 'answer_problems', 'probe_table',
+           'evaluate_student', 'follow_up', 'follow_ups', 'second_turns', 'one_turn_follow_ups', 'best_single_strategy',
+           'chosen_instructions']
 
 # %% ../../nbs/methods/14_orca.ipynb #bbc5c3bf
 def erase(record: dict, system: str = CAUTIOUS_SYSTEM) -> dict:
@@ -179,6 +180,7 @@ class Phase:
     records: list
     epochs: float = 1.0
     steps: int | None = None  # set: exactly this many optimizer steps (a fixed total budget across phases)
+    rows: list | None = None  # packed rows (`pack`'s) run once each instead of the records: a schedule fixed row by row
 
 
 def weights_fingerprint(model) -> str:
@@ -208,33 +210,67 @@ def train_curriculum(model_dir, tokenizer, phases: Sequence[Phase], config, out,
 
     from slm_bench.lm.models import save_checkpoint
     from slm_bench.lm.packing import pack
-    from slm_bench.methods.tinygsm import train_on_examples
+    from slm_bench.methods.tinygsm import pretrain_generator, train_on_examples
 
     if not phases:
         raise BadInput("a curriculum needs at least one phase")
     out, start, summary = Path(out), Path(model_dir), []
     for i, phase in enumerate(phases):
-        if not phase.records:
+        if not phase.records and not phase.rows:
             raise BadInput(f"curriculum phase {i + 1} ({phase.name!r}) has no records")
-        examples = student_examples(tokenizer, phase.records)
-        rows = len(pack(examples, seq_len=seq_len, pad_id=tokenizer.pad_token_id, mode="greedy", seed=config.seed))
-        steps = phase.steps or phase_steps(rows, phase.epochs, config.micro_batch_size)
+        if phase.rows:  # each row exactly once: the steps are the rows over the micro-batch
+            if len(phase.rows) % config.micro_batch_size:
+                raise BadInput(f"curriculum phase {i + 1} ({phase.name!r}) has {len(phase.rows)} rows, not a whole number of "
+                               f"micro-batches of {config.micro_batch_size}")
+            rows, steps = len(phase.rows), len(phase.rows) // config.micro_batch_size
+        else:
+            examples = student_examples(tokenizer, phase.records)
+            rows = len(pack(examples, seq_len=seq_len, pad_id=tokenizer.pad_token_id, mode="greedy", seed=config.seed))
+            steps = phase.steps or phase_steps(rows, phase.epochs, config.micro_batch_size)
         phase_config = replace(config, steps=steps, warmup_steps=min(config.warmup_steps, steps))
         model = AutoModelForCausalLM.from_pretrained(start)
         fingerprint = weights_fingerprint(model)
-        trained = train_on_examples(model, tokenizer, examples, phase_config, out / phase.name / "train", seq_len=seq_len)
+        if phase.rows:
+            trained = pretrain_generator(model, tokenizer, phase.rows, phase_config, out / phase.name / "train")  # the same loss, on given rows
+        else:
+            trained = train_on_examples(model, tokenizer, examples, phase_config, out / phase.name / "train", seq_len=seq_len)
         start = out / phase.name / "model"
         save_checkpoint(trained.model, tokenizer, start)
-        summary.append({"phase": phase.name, "records": len(phase.records), "rows": rows, "epochs": round(steps * config.micro_batch_size / rows, 2), "steps": steps,
+        summary.append({"phase": phase.name, "records": len(phase.records) if not phase.rows else None, "rows": rows, "epochs": round(steps * config.micro_batch_size / rows, 2), "steps": steps,
                         "final_loss": round(trained.last["loss"], 4), "start": fingerprint, "checkpoint": str(start)})
     return summary
 
+# %% ../../nbs/methods/14_orca.ipynb #1159ef94
+def order_arms(first: Sequence, second: Sequence, first_steps: int, steps: int, micro_batch_size: int,
+               seed: int = 0) -> dict[str, tuple[list, list]]:
+    """Progressive learning and its control from the same packed rows: `{"progressive": (phase 1, phase 2), "mixed": (...)}`.
+
+    Progressive: `first_steps * micro_batch_size` rows drawn from `first`, then `(steps - first_steps) * micro_batch_size`
+    from `second`; mixed: the same drawn rows shuffled together and cut at the same point."""
+    if not 0 < first_steps < steps:
+        raise BadInput(f"the first phase needs between 1 and steps - 1 ({steps - 1}) steps, got {first_steps}")
+    need = (first_steps * micro_batch_size, (steps - first_steps) * micro_batch_size)
+    for pool, n, name in zip((first, second), need, ("first", "second")):
+        if len(pool) < n:
+            raise BadInput(f"the {name} phase needs {n} packed rows ({n // micro_batch_size} steps of {micro_batch_size}) but its "
+                           f"data pack into {len(pool)}: lower the steps or the micro-batch, or add data")
+    rng = random.Random(seed)
+    a = [first[i] for i in sorted(rng.sample(range(len(first)), need[0]))]
+    b = [second[i] for i in sorted(rng.sample(range(len(second)), need[1]))]
+    pooled = a + b
+    rng.shuffle(pooled)
+    return {"progressive": (a, b), "mixed": (pooled[:need[0]], pooled[need[0]:])}
+
+
 # %% ../../nbs/methods/14_orca.ipynb #be1a475f
-def answer_problems(sampler, problems: Sequence, system: str, max_new_tokens: int = 200, seed: int = 0) -> list[str]:
-    "Greedy answers to the problems' questions under one system message ('' is the empty system message)."
+def answer_problems(sampler, problems: Sequence, system: str | Sequence[str], max_new_tokens: int = 200, seed: int = 0) -> list[str]:
+    "Greedy answers to the problems' questions under one system message ('' is the empty one), or one message per problem."
     from slm_bench.infer.sampling import SamplingParams
 
-    prompts = [[{"role": "system", "content": system}, {"role": "user", "content": p.question}] for p in problems]
+    systems = [system] * len(problems) if isinstance(system, str) else list(system)
+    if len(systems) != len(problems):
+        raise BadInput(f"{len(systems)} system messages for {len(problems)} problems: give one, or one per problem")
+    prompts = [[{"role": "system", "content": s}, {"role": "user", "content": p.question}] for s, p in zip(systems, problems)]
     return [g[0].text for g in sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))]
 
 
@@ -257,8 +293,9 @@ def probe_table(sampler, problems: Sequence, strategies: Sequence[str], sandbox=
     return {f: dict(by) for f, by in table.items()}, answers
 
 # %% ../../nbs/methods/14_orca.ipynb #1fc5720e
-def evaluate_student(sampler, problems: Sequence, system: str, sandbox=None, max_new_tokens: int = 200, seed: int = 0) -> list[dict]:
-    "Per problem: the answer, whether it is right, whether the parser found one (Format-OK) and the strategy it took."
+def evaluate_student(sampler, problems: Sequence, system: str | Sequence[str], sandbox=None, max_new_tokens: int = 200,
+                     seed: int = 0) -> list[dict]:
+    "Per problem (under one system message, or one each): the answer, whether it is right, Format-OK and the strategy it took."
     from slm_bench.methods.orca_strategies import judge_answers, strategy_of
 
     texts = answer_problems(sampler, problems, system, max_new_tokens, seed)
@@ -272,13 +309,52 @@ def follow_up(problem, k: int) -> tuple[str, float]:
     return f"Suppose there are {k} more at the end. What is the answer now?", problem.answer + k
 
 
+def follow_ups(problems: Sequence, seed: int = 0) -> list[tuple[str, float]]:
+    "Each problem's follow-up and its gold, k in 2..9 drawn with `seed`: the same draws for the dialogues and their control."
+    rng = random.Random(seed)
+    return [follow_up(p, rng.randint(2, 9)) for p in problems]
+
+
 def second_turns(sampler, problems: Sequence, first: Sequence[dict], system: str, seed: int = 0, max_new_tokens: int = 200) -> list[dict]:
     "Each dialogue's second turn, asked after the student's own first answer: question, answer and gold."
     from slm_bench.infer.sampling import SamplingParams
 
-    rng = random.Random(seed)
-    asks = [follow_up(p, rng.randint(2, 9)) for p in problems]
+    asks = follow_ups(problems, seed)
     prompts = [[{"role": "system", "content": system}, {"role": "user", "content": p.question}, {"role": "assistant", "content": f["answer"]},
                 {"role": "user", "content": q}] for p, f, (q, _) in zip(problems, first, asks)]
     groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))
     return [{"question": q, "answer": g[0].text, "gold": gold} for (q, gold), g in zip(asks, groups)]
+
+
+def one_turn_follow_ups(sampler, problems: Sequence, system: str, seed: int = 0, max_new_tokens: int = 200) -> list[dict]:
+    """The second turns' control: each follow-up (the same k, the same gold) appended to its problem and asked in ONE
+    first turn, so the task is the second turn's and only the conversation differs."""
+    from slm_bench.infer.sampling import SamplingParams
+
+    asks = [(f"{p.question}\n{q}", gold) for p, (q, gold) in zip(problems, follow_ups(problems, seed))]
+    prompts = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q, _ in asks]
+    groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))
+    return [{"question": q, "answer": g[0].text, "gold": gold} for (q, gold), g in zip(asks, groups)]
+
+# %% ../../nbs/methods/14_orca.ipynb #bac30daf
+def best_single_strategy(accuracy: dict[str, dict[str, dict]]) -> str:
+    """The most accurate strategy over every family among those asked on every problem (one instruction for every task:
+    guess-and-check, which fits few problems, is not one); `accuracy[family][strategy]` has `accuracy` and `n` (accuracy_ci's)."""
+    right: dict[str, list[float]] = {}
+    for by_strategy in accuracy.values():
+        for s, a in by_strategy.items():
+            r = right.setdefault(s, [0.0, 0])
+            r[0], r[1] = r[0] + a["accuracy"] * a["n"], r[1] + a["n"]
+    most = max((n for _, n in right.values()), default=0)
+    if not most:
+        raise BadInput("no strategy was measured on any problem: there is no best single strategy")
+    return max((s for s in right if right[s][1] == most), key=lambda s: (right[s][0] / most, s == "program"))
+
+
+def chosen_instructions(problems: Sequence, ranking: dict[str, Sequence[str]], fallback: str) -> list[str]:
+    "Each problem's system instruction: the first strategy of its family's `ranking` that fits it, else `fallback`'s."
+    from slm_bench.methods.orca_strategies import problem_steps
+
+    pick = lambda p: next((s for s in ranking.get(p.family, ()) if get_strategy(s).fits(problem_steps(p))), fallback)
+    return [get_strategy(pick(p)).instruction for p in problems]
+

@@ -16,9 +16,10 @@ from ..data.safety import is_refusal
 from ..evals.tasks import TINYGSM_ENTRY, numbers_equal, parse_number, tinygsm_prompt
 
 # %% auto #0
-__all__ = ['RATINGS', 'SAFETY_BINS', 'TRACKS', 'MARGINS', 'margin_of', 'Facts', 'run_responses', 'quality_penalties', 'Rated',
-           'ProgrammaticAnnotator', 'sample_response_pairs', 'preference_record', 'validate_preferences',
-           'PreferencePrompt', 'collect_preferences', 'rating_shares']
+__all__ = ['RATINGS', 'SAFETY_BINS', 'TRACKS', 'MARGINS', 'LEANS', 'margin_of', 'Facts', 'run_responses', 'quality_penalties',
+           'invented_numbers', 'Rated', 'ProgrammaticAnnotator', 'sample_response_pairs', 'preference_record',
+           'validate_preferences', 'PreferencePrompt', 'collect_preferences', 'rating_shares', 'sample_probes',
+           'paired_levels']
 
 # %% ../../nbs/methods/07_preferences.ipynb #843705e1
 RATINGS = ("significantly better", "better", "slightly better", "negligibly better/unsure")
@@ -97,54 +98,83 @@ def quality_penalties(body: str, question: str, reference_body: str) -> dict:
     unreadable = sum(bool(_UNREADABLE.fullmatch(name)) for name in names)
     return {"irrelevant_numbers": irrelevant, "extra_steps": extra, "unreadable_names": unreadable, "points": 2 * irrelevant + extra + unreadable}
 
+# %% ../../nbs/methods/07_preferences.ipynb #54a21c5e
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def invented_numbers(body: str, question: str, reference_body: str = "") -> int:
+    "How many distinct numbers `body` uses that `question` does not state and `reference_body` does not use (ours); 0 for an unparsable body."
+    fn, ref = _function(body), _function(reference_body) if reference_body else None
+    if fn is None:
+        return 0
+    given = set(_NUMBER.findall(question)) | (_literals(ref) if ref is not None else set())
+    return len(_literals(fn) - given)
+
 # %% ../../nbs/methods/07_preferences.ipynb #32f0c456
+LEANS = ("invented numbers", "shorter", "text order")  # what decides a "negligibly better/unsure" pair, in order
+
+
 @dataclass
 class Rated:
-    "A rated pair: which response was chosen (0 or 1), how strongly, on which track, and the safety bin (safety track)."
+    "A rated pair: which response was chosen (0 or 1), how strongly, on which track, the safety bin (safety track) and, for a negligibly-better pair, what decided it."
     chosen: int
     rating: str
     track: str
     safety_bin: str | None = None
+    lean: str | None = None  # "negligibly better/unsure" only: one of LEANS ("text order": unsure)
 
 
 @dataclass
 class ProgrammaticAnnotator:
-    "Rates pairs of responses by rules on execution (ours): not a person, not a model."
+    "Rates pairs of responses by rules on execution and on the two responses (ours): not a person, not a model, no coin."
     better_gap: int = 2  # quality points between two right answers for "better" (ours)
-    seed: int = 0
+    seed: int = 0  # no rule reads it (there is no coin): kept so callers that pass one still work
 
-    def _unsure(self, a: tuple, b: tuple, key: str) -> int:
-        "Equal by the rules: a coin seeded by the pair's key (a rule such as 'the shorter' would be a preference a model can learn)."
-        return random.Random(f"{self.seed}:{key}").randrange(2)
+    def lean(self, a: tuple, b: tuple, question: str = "", reference_body: str = "") -> tuple[int, str]:
+        "Which of two responses the rules rate equal the annotator leans to (0 or 1), and what decided it: fewer invented numbers, the shorter body, text order."
+        body_a, body_b = a[1], b[1]
+        keys = (lambda body: invented_numbers(body, question, reference_body), len, lambda body: body)
+        for what, key in zip(LEANS, keys):
+            ka, kb = key(body_a), key(body_b)
+            if ka != kb:
+                return (0 if ka < kb else 1), what
+        return 0, LEANS[-1]  # the same text: either is the same response
 
-    def helpfulness(self, a: tuple, b: tuple, key: str = "") -> Rated:
-        "Rate `a` vs `b`, each a (Facts, body, quality points) triple."
+    def _negligible(self, a: tuple, b: tuple, track: str, question: str, reference_body: str, safety_bin: str | None = None) -> Rated:
+        chosen, what = self.lean(a, b, question, reference_body)
+        return Rated(chosen, RATINGS[3], track, safety_bin, what)
+
+    def helpfulness(self, a: tuple, b: tuple, *, question: str = "", reference_body: str = "") -> Rated:
+        "Rate `a` vs `b`, each a (Facts, body, quality points) triple, for `question` (its reference solution grades invented numbers)."
         (fa, _, qa), (fb, _, qb) = a, b
         if fa.correct != fb.correct:
             return Rated(0 if fa.correct else 1, RATINGS[0], "helpfulness")
         if fa.correct:
             gap = abs(qa - qb)
             if gap == 0:
-                return Rated(self._unsure(a, b, key), RATINGS[3], "helpfulness")
+                return self._negligible(a, b, "helpfulness", question, reference_body)
             return Rated(0 if qa < qb else 1, RATINGS[1] if gap >= self.better_gap else RATINGS[2], "helpfulness")
         ran_a, ran_b = fa.returned and not fa.refused, fb.returned and not fb.refused
         if ran_a != ran_b:
             return Rated(0 if ran_a else 1, RATINGS[2], "helpfulness")
-        return Rated(self._unsure(a, b, key), RATINGS[3], "helpfulness")
+        return self._negligible(a, b, "helpfulness", question, reference_body)
 
-    def safety(self, a: tuple, b: tuple, unsafe_request: bool, key: str = "") -> Rated:
+    def safety(self, a: tuple, b: tuple, unsafe_request: bool, *, question: str = "", reference_body: str = "") -> Rated:
         "Rate `a` vs `b` on the safety track; `unsafe_request` says whether the prompt asks for an unsafe action."
         fa, fb = a[0], b[0]
         if fa.safe != fb.safe:
             return Rated(0 if fa.safe else 1, RATINGS[0], "safety", SAFETY_BINS[0])
         if not fa.safe:
-            return Rated(self._unsure(a, b, key), RATINGS[3], "safety", SAFETY_BINS[2])
+            kinds_a, kinds_b = len(set(fa.actions)), len(set(fb.actions))
+            if kinds_a != kinds_b:
+                return Rated(0 if kinds_a < kinds_b else 1, RATINGS[2], "safety", SAFETY_BINS[2])
+            return self._negligible(a, b, "safety", question, reference_body, SAFETY_BINS[2])
         if unsafe_request:
             if fa.refused != fb.refused:
                 return Rated(0 if fa.refused else 1, RATINGS[1], "safety", SAFETY_BINS[1])
-            return Rated(self._unsure(a, b, key), RATINGS[3], "safety", SAFETY_BINS[1])
-        rated = self.helpfulness(a, b, key)
-        return Rated(rated.chosen, rated.rating, "safety", SAFETY_BINS[1])
+            return self._negligible(a, b, "safety", question, reference_body, SAFETY_BINS[1])
+        rated = self.helpfulness(a, b, question=question, reference_body=reference_body)
+        return Rated(rated.chosen, rated.rating, "safety", SAFETY_BINS[1], rated.lean)
 
 # %% ../../nbs/methods/07_preferences.ipynb #cf3e7f47
 def sample_response_pairs(samplers: dict, prompts: Sequence[Sequence[int]], temperatures: Sequence[float], stop: Sequence[str],
@@ -180,7 +210,7 @@ def preference_record(prompt_id: str, question: str, prompt_ids: Sequence[int], 
     side = lambda i: {"variant": responses[i]["variant"], "temperature": responses[i]["temperature"], "correct": facts[i].correct,
                       "refused": facts[i].refused, "actions": list(facts[i].actions)}
     return {"prompt": tinygsm_prompt(question), "chosen": responses[c]["completion"].text, "rejected": responses[r]["completion"].text,
-            "margin": margin_of(rated.rating, margin_table), "rating": rated.rating, "track": rated.track, "safety_bin": rated.safety_bin,
+            "margin": margin_of(rated.rating, margin_table), "rating": rated.rating, "track": rated.track, "safety_bin": rated.safety_bin, "lean": rated.lean,
             "prompt_id": prompt_id, "question": question, "prompt_ids": list(prompt_ids), "chosen_ids": list(responses[c]["completion"].token_ids),
             "rejected_ids": list(responses[r]["completion"].token_ids), "chosen_facts": side(c), "rejected_facts": side(r), **extra}
 
@@ -214,6 +244,12 @@ class PreferencePrompt:
     split: str = "train"
 
 
+def _rate(annotator: ProgrammaticAnnotator, prompt: PreferencePrompt, a: tuple, b: tuple) -> Rated:
+    "`a` vs `b` on the prompt's track, with what the annotator may read of the prompt: its question and reference solution."
+    seen = {"question": prompt.question, "reference_body": prompt.reference_body}
+    return annotator.helpfulness(a, b, **seen) if prompt.track == "helpfulness" else annotator.safety(a, b, prompt.unsafe_request, **seen)
+
+
 def collect_preferences(samplers: dict, tokenizer, prompts: Sequence[PreferencePrompt], temperatures: Sequence[float], sandbox,
                         annotator: ProgrammaticAnnotator, stop: Sequence[str], max_new_tokens: int = 160, seed: int = 0,
                         margin_table: str = "small") -> tuple[list[dict], dict]:
@@ -230,20 +266,68 @@ def collect_preferences(samplers: dict, tokenizer, prompts: Sequence[PreferenceP
         fa, fb = facts[2 * i], facts[2 * i + 1]
         quality = [quality_penalties(r["completion"].text, prompt.question, prompt.reference_body)["points"] if prompt.reference_body else 0 for r in pair]
         a, b = (fa, pair[0]["completion"].text, quality[0]), (fb, pair[1]["completion"].text, quality[1])
-        rated = annotator.helpfulness(a, b, prompt.id) if prompt.track == "helpfulness" else annotator.safety(a, b, prompt.unsafe_request, prompt.id)
+        rated = _rate(annotator, prompt, a, b)
         rows.append(preference_record(prompt.id, prompt.question, ids, pair, (fa, fb), rated, margin_table, split=prompt.split,
                                       unsafe_request=prompt.unsafe_request))
     return rows, dropped
 
 # %% ../../nbs/methods/07_preferences.ipynb #df250fa0
 def rating_shares(rows: Sequence[dict]) -> dict:
-    "Per track: rows, the share of each rating, and (safety) the share of each bin."
+    "Per track: rows, the share of each rating, what decided the negligibly-better pairs (counts per `LEANS`), and (safety) the share of each bin."
     out = {}
     for track in TRACKS:
         mine = [r for r in rows if r["track"] == track]
         if not mine:
             continue
-        out[track] = {"pairs": len(mine), "ratings": {k: sum(r["rating"] == k for r in mine) / len(mine) for k in RATINGS}}
+        out[track] = {"pairs": len(mine), "ratings": {k: sum(r["rating"] == k for r in mine) / len(mine) for k in RATINGS},
+                      "leans": {k: sum(r["rating"] == RATINGS[3] and r.get("lean") == k for r in mine) for k in LEANS}}
         if track == "safety":
             out[track]["bins"] = {b: sum(r.get("safety_bin") == b for r in mine) / len(mine) for b in SAFETY_BINS}
     return out
+
+# %% ../../nbs/methods/07_preferences.ipynb #0ea1f6bc
+def sample_probes(samplers: dict, tokenizer, prompts: Sequence[PreferencePrompt], temperatures: Sequence[float], sandbox,
+                  annotator: ProgrammaticAnnotator, stop: Sequence[str], samples: int = 6, max_new_tokens: int = 160, seed: int = 0,
+                  margin_table: str = "small") -> tuple[list[dict], dict]:
+    """Probe rows (split "probe"): `samples` responses per prompt drawn two at a time as `sample_response_pairs` draws, every
+    pair of two different responses rated, and per prompt the first pair at each level; and counts of responses, distinct
+    responses, pairs rated and rows kept."""
+    import itertools
+
+    if samples < 2 or samples % 2:
+        raise BadInput(f"probes need an even number of samples per prompt, at least 2; got {samples}")
+    prompt_ids = [tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in prompts]
+    drawn = [sample_response_pairs(samplers, prompt_ids, temperatures, stop, max_new_tokens, seed + 1000 * j) for j in range(samples // 2)]
+    responses = [[r for pairs in drawn for r in pairs[i]] for i in range(len(prompts))]
+    flat = [(p, r) for p, rs in zip(prompts, responses) for r in rs]
+    facts = run_responses([p.question for p, _ in flat], [p.answer for p, _ in flat], [r["completion"].text for _, r in flat], sandbox)
+    rows, counts = [], {"responses": len(flat), "distinct": 0, "rated": 0, "kept": 0}
+    for i, (prompt, ids, rs) in enumerate(zip(prompts, prompt_ids, responses)):
+        distinct: dict[tuple, tuple] = {}
+        for r, f in zip(rs, facts[i * samples:(i + 1) * samples]):
+            distinct.setdefault(tuple(r["completion"].token_ids), (r, f))
+        distinct_list = list(distinct.values())
+        counts["distinct"] += len(distinct_list)
+        points = [quality_penalties(r["completion"].text, prompt.question, prompt.reference_body)["points"] if prompt.reference_body else 0
+                  for r, _ in distinct_list]
+        levels = set()
+        for x, y in itertools.combinations(range(len(distinct_list)), 2):
+            (rx, fx), (ry, fy) = distinct_list[x], distinct_list[y]
+            rated = _rate(annotator, prompt, (fx, rx["completion"].text, points[x]), (fy, ry["completion"].text, points[y]))
+            counts["rated"] += 1
+            if rated.rating not in levels:
+                levels.add(rated.rating)
+                rows.append(preference_record(prompt.id, prompt.question, ids, [rx, ry], (fx, fy), rated, margin_table, split="probe",
+                                              unsafe_request=prompt.unsafe_request))
+    counts["kept"] = len(rows)
+    return rows, counts
+
+# %% ../../nbs/methods/07_preferences.ipynb #98682d4a
+def paired_levels(rows: Sequence[dict], chosen_scores: Sequence[float], rejected_scores: Sequence[float], experiment: str,
+                  control: str) -> tuple[list[bool], list[bool], list[str]]:
+    "Per probe (`prompt_id`) holding both levels, in first-seen order: chosen scored above rejected at `experiment`'s level, at `control`'s; and the probe ids."
+    right: dict[str, dict[str, bool]] = {}
+    for row, c, r in zip(rows, chosen_scores, rejected_scores, strict=True):
+        right.setdefault(row["prompt_id"], {})[row["rating"]] = c > r
+    both = [p for p, levels in right.items() if experiment in levels and control in levels]
+    return [right[p][experiment] for p in both], [right[p][control] for p in both], both

@@ -13,7 +13,8 @@ from ..core.errors import BadInput
 
 # %% auto #0
 __all__ = ['SAFETY_THRESHOLD', 'combined_reward', 'whitened_logits', 'max_median_by_k', 'reward_by_temperature', 'best_samples',
-           'pool_best', 'sample_candidates', 'score_with_rc']
+           'pool_best', 'sample_candidates', 'score_with_rc', 'choose_temperature', 'retune_temperature',
+           'rs_iteration', 'rc_scorer', 'best_sample_records']
 
 # %% ../../nbs/methods/09_rejection_sampling.ipynb #6b4aca6c
 SAFETY_THRESHOLD = 0.15  # Llama 2 §3.2.3: R_s below it filters unsafe responses (precision 0.89, recall 0.55 there)
@@ -101,3 +102,52 @@ def score_with_rc(helpful_rm, safety_rm, prompt_ids: Sequence[Sequence[int]], gr
     helpful, safety = [helpful[k] for k in where], [safety[k] for k in where]
     rc = combined_reward(helpful, safety, [f for f, g in zip(is_safety, groups) for _ in g], threshold)
     return {"rc": regroup(rc, groups), "helpful": regroup(helpful, groups), "safety": regroup(safety, groups)}
+
+# %% ../../nbs/methods/09_rejection_sampling.ipynb #201702ce
+def choose_temperature(best_by_temperature: dict[float, Sequence[float]]) -> float:
+    "The temperature whose per-prompt best-of-K rewards have the highest mean (Figure 8's optimum); the lower of equals."
+    if not best_by_temperature or any(len(v) == 0 for v in best_by_temperature.values()):
+        raise BadInput(f"choosing a temperature needs best-of-K rewards for at least one prompt at each temperature, got {dict(best_by_temperature)}")
+    return max(sorted(best_by_temperature), key=lambda t: (statistics.fmean(best_by_temperature[t]), -t))
+
+# %% ../../nbs/methods/09_rejection_sampling.ipynb #6063ee3e
+def retune_temperature(sampler, prompts: Sequence, k: int, grid: Sequence[float], score, max_new_tokens: int = 160, seed: int = 0) -> dict:
+    """K samples per prompt at each temperature of `grid`, rewarded by `score(groups)`: the temperature chosen on the even-numbered
+    prompts (`chosen`, with each temperature's mean best there in `choose_means`) and each temperature's per-prompt best reward on
+    the odd-numbered prompts (`measure_best`)."""
+    if len(prompts) < 2:
+        raise BadInput(f"re-tuning the temperature needs at least 2 prompts (one to choose on, one to measure on), got {len(prompts)}")
+    best = {}
+    for t in grid:
+        groups, _ = sample_candidates(sampler, prompts, k, [t], max_new_tokens, seed)
+        best[t] = [max(r) for r in score(groups)]
+    choose = {t: b[0::2] for t, b in best.items()}
+    return {"chosen": choose_temperature(choose), "choose_means": {t: statistics.fmean(b) for t, b in choose.items()},
+            "measure_best": {t: b[1::2] for t, b in best.items()}}
+
+# %% ../../nbs/methods/09_rejection_sampling.ipynb #9abe9108
+def rs_iteration(sampler, prompts: Sequence, dev_prompts: Sequence, score_of, k: int, grid: Sequence[float], iteration: int,
+                 max_new_tokens: int = 160, seed: int = 0) -> dict:
+    "One rejection-sampling iteration: the temperature re-tuned on `dev_prompts`, K samples per prompt at it, the rewards, the best per prompt."
+    tuned = retune_temperature(sampler, dev_prompts, k, grid, score_of(dev_prompts), max_new_tokens, seed + 5)
+    groups, drawn_at = sample_candidates(sampler, prompts, k, [tuned["chosen"]], max_new_tokens, seed)
+    rewards = score_of(prompts)(groups)
+    best = best_samples([p.id for p in prompts], rewards, [[(p.question, c.text) for c in g] for p, g in zip(prompts, groups)], iteration)
+    return {"prompts": prompts, "rc": rewards, "temperatures": drawn_at, "best": best, "tuned": tuned}
+
+
+def rc_scorer(helpful_rm, safety_rm, tokenizer):
+    "`score_of` for `rs_iteration`: each sample's R_c, a prompt with `track == 'safety'` taking R_s."
+    from slm_bench.evals.tasks import tinygsm_prompt
+
+    def score_of(prompts):
+        ids = [tokenizer(tinygsm_prompt(p.question))["input_ids"] for p in prompts]
+        return lambda groups: score_with_rc(helpful_rm, safety_rm, ids, groups, [p.track == "safety" for p in prompts])["rc"]
+    return score_of
+
+
+def best_sample_records(pooled: dict[str, dict]) -> list[dict]:
+    "SFT records of the pooled best samples: each question's prompt followed by its best sampled program."
+    from slm_bench.evals.tasks import tinygsm_prompt
+
+    return [{"question": e["sample"][0], "program": tinygsm_prompt(e["sample"][0]) + e["sample"][1]} for e in pooled.values()]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Sequence
@@ -16,7 +17,7 @@ from ..evals.tasks import tinygsm_prompt
 
 # %% auto #0
 __all__ = ['SAFETY_ADJECTIVES', 'RISK_TEMPLATES', 'generic_preprompts', 'safety_preprompt', 'with_preprompt', 'rm_gate',
-           'Distilled', 'context_distill']
+           'Distilled', 'context_distill', 'replay_control']
 
 # %% ../../nbs/methods/12_safety_distillation.ipynb #2bf35733
 SAFETY_ADJECTIVES = ("responsible", "respectful", "wise", "safe")
@@ -91,3 +92,24 @@ def context_distill(sampler, safety_rm, questions: Sequence[str], preprompts: Se
     before, after = scores[:len(questions)], scores[len(questions):]
     kept = rm_gate(before, after) if gated else [True] * len(questions)
     return [Distilled(q, p, o.text, d.text, b, a, k) for q, p, o, d, b, a, k in zip(questions, preprompts, original, distilled, before, after, kept)]
+
+# %% ../../nbs/methods/12_safety_distillation.ipynb #858d154f
+def _key(record: dict) -> tuple[str, str]:
+    return record["question"], record["program"]
+
+
+def replay_control(experiment: Sequence[dict], method: Sequence[dict]) -> list[dict]:
+    "The control arm's training records: `experiment`'s, in their order, less exactly the `method` records (each removed once)."
+    left = Counter(_key(r) for r in method)
+    control = []
+    for r in experiment:
+        if left[_key(r)] > 0:
+            left[_key(r)] -= 1
+        else:
+            control.append(r)
+    missing = sum(left.values())
+    if missing:
+        raise BadInput(f"{missing} of the method's {len(method)} records are not among the experiment's {len(experiment)}: "
+                       "the control must be the experiment's own records less the method's")
+    return control
+

@@ -145,20 +145,31 @@ def _sample(sequences: int, p, prompt: int = PROMPT_TOKENS) -> SamplePhase:
     return SamplePhase(sequences, p["max_new_tokens"], prompt)
 
 
+def _ppo_workload(P, p, runs: int = 1) -> Workload:
+    "PPO's `runs` trainings (the paper's and its ablations): the policy's steps and samples, and the held-out evaluations."
+    return Workload((TrainPhase(p["iterations"] * p["epochs"] * p["batch_size"] // p["mini_batch_size"], p["mini_batch_size"], _ctx(P), reference=True,
+                                repeats=runs),), (_sample(runs * p["iterations"] * p["batch_size"], p),
+                                                  _sample((p["test_problems"] + p["eval_unsafe"] + p["eval_borderline"]) * (p["iterations"] // p["eval_every"] + 1), p)))
+
+
 WORKLOADS: dict[str, Callable[[Mapping[str, dict], dict], Workload]] = {
     "pretrain": lambda P, p: Workload((_train(p, P=P),)),
     "sft": lambda P, p: Workload((_train(p, seq="seq_len"),)),
     "chat_sft": lambda P, p: Workload((_train(p, seq="seq_len"),)),
     "preferences": lambda P, p: Workload(sample=(_sample((p["helpful_prompts"] + p["unsafe_prompts"] + p["borderline_prompts"]) * len(p["temperatures"]), p),)),
     "reward_model": lambda P, p: Workload((TrainPhase(math.ceil(P["preferences"]["open_pairs"] / p["micro_batch_size"]), p["micro_batch_size"], _ctx(P), pair=True),)),
-    "rejection_sampling": lambda P, p: Workload((_train(p, seq="seq_len"),), (
-        _sample((p["helpful_prompts"] + p["unsafe_prompts"] + p["borderline_prompts"]) * p["k"], p),
-        _sample(p["test_problems"] + p["eval_unsafe"] + p["eval_borderline"], p))),
-    "ppo": lambda P, p: Workload((TrainPhase(p["iterations"] * p["epochs"] * p["batch_size"] // p["mini_batch_size"], p["mini_batch_size"], _ctx(P), reference=True),), (
-        _sample(p["iterations"] * p["batch_size"], p),
-        _sample((p["test_problems"] + p["eval_unsafe"] + p["eval_borderline"]) * (p["iterations"] // p["eval_every"] + 1), p))),
-    "gatt": lambda P, p: Workload((_train(p, seq="context"), _train(p, steps="gatt_steps", seq="context")),
-                                  (_sample(p["gatt_dialogues"] * p["gatt_max_turns"] + p["eval_dialogues"] * p["turns"], p, p["context"] // 2),)),
+    "rejection_sampling": lambda P, p: Workload((_train(p, seq="seq_len", repeats=4),), (  # RS-1, RS-2 and the two control arms
+        _sample(2 * (p["helpful_prompts"] + p["unsafe_prompts"] + p["adversarial_requests"] + p["borderline_prompts"] + p["retune_prompts"] * len(p["temperatures"])) * p["k"], p),
+        _sample(4 * p["test_problems"] + 4 * (p["eval_unsafe"] + p["eval_borderline"]), p))),
+    "ppo": lambda P, p: _ppo_workload(P, p, runs=1 + len(p["ablations"])),
+    "rlhf_round2": lambda P, p: Workload(
+        (TrainPhase(2 * math.ceil(P["preferences"]["open_pairs"] / P["reward_model"]["micro_batch_size"]), P["reward_model"]["micro_batch_size"], _ctx(P), pair=True),
+         _train(P["rejection_sampling"], seq="seq_len"), *_ppo_workload(P, P["ppo"]).train),
+        (_sample((p["helpful_prompts"] + p["unsafe_prompts"] + p["adversarial_requests"] + p["borderline_prompts"]) * len(P["preferences"]["temperatures"]), p),
+         _sample(P["rejection_sampling"]["k"] * (P["rejection_sampling"]["helpful_prompts"] + P["rejection_sampling"]["retune_prompts"] * len(P["rejection_sampling"]["temperatures"])), p),
+         *_ppo_workload(P, P["ppo"]).sample, _sample(3 * (p["test_problems"] + p["eval_unsafe"] + p["eval_borderline"] + p["new_template_problems"]), p))),
+    "gatt": lambda P, p: Workload((_train(p, seq="context"), _train(p, steps="gatt_steps", seq="context", repeats=2)),  # GAtt and its control
+                                  (_sample(2 * (p["gatt_dialogues"] * p["gatt_max_turns"] + p["eval_dialogues"] * p["turns"]), p, p["context"] // 2),)),
     "contamination": lambda P, p: Workload((_train(p, seq="seq_len"),), (_sample(2 * p["test_problems"], p),)),
     "safety": lambda P, p: Workload((_train(p, seq="seq_len", repeats=len(p["starts"])),), (
         _sample((p["test_problems"] + p["eval_adversarial"] + p["eval_unsafe"] + p["eval_borderline"]) * len(p["starts"]), p),)),
