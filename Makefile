@@ -29,7 +29,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make run      run every recipe on the embedded tiny world (CPU) and print the report path"
 	@echo "make run RECIPE=phi4   one recipe (and the stages it needs)"
-	@echo "make ablation-validate   after make run: TinyGSM's unvalidated data against curate.validate_answers=true, one table"
+	@echo "make ablation-validate   TinyGSM's unchecked SFT data against the same SFT on validated solutions (= make run RECIPE=tinygsm-ablations)"
 	@echo "make test     notebook/library sync check, nbdev_test, then pytest (all but the slow integration tests)"
 	@echo "make test-slow   the slow integration tests: the smoke profile end to end, through Slurm, JupyterLab in a browser"
 	@echo "make lab      JupyterLab with the slm-bench kernel"
@@ -83,13 +83,10 @@ test: $(STAMP) sandbox-deps
 # a one-node Slurm), and JupyterLab in a browser. Minutes each, so outside `make test`; CI (.ci/run) runs both.
 test-slow: $(STAMP) sandbox-deps
 	$(BIN)/python -m pytest tests -m slow
-# TinyGSM keeps the teacher's solutions unchecked (curate's default); the ablation validates them. It reruns the chain
-# from curate to evaluate into $(RUN)-validated and writes one table beside the default run (which make run made).
+# TinyGSM keeps the teacher's solutions unchecked (curate's default). The control (stage validated_sft, on request) is the
+# same SFT from the same pretrained model on the validated solutions, in the same run folder.
 ablation-validate: $(STAMP) sandbox-deps
-	@test -f $(RUN)/evaluate/manifest.json || { echo "run make run first: the ablation is compared with $(RUN)"; exit 2; }
-	$(BIN)/slm-bench run --profile $(PROFILE) --run-dir $(RUN)-validated --set curate.validate_answers=true \
-	  --stages synth,curate,mixture,pretrain,sft,verifier,evaluate
-	$(BIN)/slm-bench compare $(RUN) $(RUN)-validated --out reports/ablation-validate-answers.html
+	$(BIN)/slm-bench run --profile $(PROFILE) --jobs $(JOBS) --recipe tinygsm-ablations
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"

@@ -11,9 +11,9 @@ BASIC = PIPELINES / "basic"
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety, rlhf_round2, explanations, strategy_choice, orca_sft, orca_evaluate, pts, dpo, workflows, midtrain, hallucination, judge_dpo, mixture_ablations, synthetic_epochs, verifier, evaluate, grid"),
+        (["--stages", "nope"], "unknown stage 'nope'; stages: environment, synth, curate, mixture, pretrain, sft, chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety, rlhf_round2, explanations, strategy_choice, orca_sft, orca_evaluate, pts, dpo, workflows, midtrain, hallucination, mixture_ablations, synthetic_epochs, verifier, judge_dpo, evaluate, grid, validated_sft"),
         (["--stages", ","], "--stages needs at least one name, e.g. --stages environment"),
-        (["--recipe", "orca3"], "unknown recipe 'orca3'; recipes: common, llama2, orca2, phi4, phi4-ablations, tinygsm (see `slm-bench recipes`)"),
+        (["--recipe", "orca3"], "unknown recipe 'orca3'; recipes: common, llama2, orca2, phi4, phi4-ablations, tinygsm, tinygsm-ablations (see `slm-bench recipes`)"),
         (["--recipe", " , "], "--recipe needs at least one name, e.g. --recipe phi4"),
         (["--recipe", "phi4", "--stages", "pts"], "--recipe and --stages choose the stages two ways: pass one of them"),
         (["--profile", "huge"], "unknown profile 'huge'; known profiles: tiny, smoke, gpu"),

@@ -27,14 +27,16 @@ def test_recipes_list_own_stages_and_what_they_need(cli):
         "common: environment, synth, curate, mixture, pretrain, sft",
         "llama2: chat_sft, preferences, reward_model, rejection_sampling, ppo, gatt, contamination, safety, rlhf_round2  (needs synth, curate, mixture, pretrain, sft)",
         "orca2: explanations, strategy_choice, orca_sft, orca_evaluate  (needs synth, curate, mixture, pretrain, sft)",
-        "phi4: pts, dpo, workflows, midtrain, hallucination, judge_dpo  (needs synth, curate, mixture, pretrain, sft)",
+        "phi4: pts, dpo, workflows, midtrain, hallucination, judge_dpo  (needs synth, curate, mixture, pretrain, sft, verifier)",
         "phi4-ablations: mixture_ablations, synthetic_epochs  (needs synth, curate, mixture)  [on request: not in an all-stage run]",
         "tinygsm: verifier, evaluate, grid  (needs synth, curate, mixture, pretrain, sft)",
+        "tinygsm-ablations: validated_sft  (needs synth, curate, mixture, pretrain, sft)  [on request: not in an all-stage run]",
     ]
     listed = json.loads(cli("recipes", "--json").stdout)
-    assert listed["phi4"] == {"stages": ["pts", "dpo", "workflows", "midtrain", "hallucination", "judge_dpo"], "needs": ["synth", "curate", "mixture", "pretrain", "sft"],
+    assert listed["phi4"] == {"stages": ["pts", "dpo", "workflows", "midtrain", "hallucination", "judge_dpo"], "needs": ["synth", "curate", "mixture", "pretrain", "sft", "verifier"],
                               "on_request": False}
     assert listed["phi4-ablations"]["on_request"] is True
+    assert listed["tinygsm-ablations"] == {"stages": ["validated_sft"], "needs": ["synth", "curate", "mixture", "pretrain", "sft"], "on_request": True}
 
 
 def test_profiles(cli):

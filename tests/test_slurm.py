@@ -60,7 +60,7 @@ def queue() -> list[str]:
 # Every stage of an all-stage run (the on-request ablations aside): 27 jobs, about 5 minutes on 2 cores
 SMOKE_STAGES = ["environment", "synth", "curate", "mixture", "pretrain", "sft", "chat_sft", "preferences", "reward_model",
                 "rejection_sampling", "ppo", "gatt", "contamination", "safety", "rlhf_round2", "explanations", "strategy_choice", "orca_sft",
-                "orca_evaluate", "pts", "dpo", "workflows", "midtrain", "hallucination", "judge_dpo", "verifier", "evaluate", "grid"]
+                "orca_evaluate", "pts", "dpo", "workflows", "midtrain", "hallucination", "verifier", "judge_dpo", "evaluate", "grid"]
 
 
 @pytest.fixture(scope="module")

@@ -40,9 +40,9 @@ def test_every_stage_ran_and_the_summary_has_the_figures(smoke_run):
         ("llama2", "safety"), ("llama2", "rlhf_round2"),
         ("orca2", "explanations"), ("orca2", "strategy_choice"), ("orca2", "orca_sft"), ("orca2", "orca_evaluate"),
         ("phi4", "pts"), ("phi4", "dpo"), ("phi4", "workflows"), ("phi4", "midtrain"),
-        ("phi4", "hallucination"), ("phi4", "judge_dpo"), ("phi4-ablations", "mixture_ablations"), ("phi4-ablations", "synthetic_epochs"),
-        ("tinygsm", "verifier"), ("tinygsm", "evaluate"), ("tinygsm", "grid")]
-    on_request = {"mixture_ablations", "synthetic_epochs"}  # listed in the summary, left out of an all-stage run
+        ("phi4", "hallucination"), ("phi4-ablations", "mixture_ablations"), ("phi4-ablations", "synthetic_epochs"),
+        ("tinygsm", "verifier"), ("phi4", "judge_dpo"), ("tinygsm", "evaluate"), ("tinygsm", "grid"), ("tinygsm-ablations", "validated_sft")]
+    on_request = {"mixture_ablations", "synthetic_epochs", "validated_sft"}  # listed in the summary, left out of an all-stage run
     assert {s["name"]: (s["status"], s["action"]) for s in summary["stages"] if s["name"] in on_request} == {
         name: ("missing", "not selected") for name in on_request}
     assert summary["selected"] == [s["name"] for s in summary["stages"] if s["name"] not in on_request]
@@ -214,7 +214,7 @@ def test_pts_and_dpo_stages(smoke_run):
     assert (run_dir / "cache" / "pts_memo.jsonl").is_file() and (run_dir / "cache" / "pts_fresh_memo.jsonl").is_file()
     dpo = read(run_dir / "dpo" / "metrics.json")
     results = read(run_dir / "dpo" / "results.json")
-    assert dpo["dpo_test_problems"] == 12 and set(results) == {"SFT", "DPO (PTS pairs)", "DPO - SFT"}
+    assert dpo["dpo_test_problems"] == 12 and set(results) == {"SFT", "DPO (PTS pairs)", "DPO (control pairs)", "DPO - control", "DPO - SFT", "control - SFT"}
     assert (dpo["dpo_beta"] is None) == (pts["pairs"] == 0)  # β is chosen on dev only when there is something to train on
     assert dpo["dpo_minus_sft"] == pytest.approx(dpo["dpo_pass@1"] - dpo["dpo_baseline_sft_pass@1"], abs=1e-3)
     summary = read(run_dir / "summary.json")["metrics"]  # evaluate's keys keep their plain names next to the new stages
@@ -619,13 +619,14 @@ def test_phi4_workflows_stage(smoke_run):
 
 
 def test_phi4_midtrain_stage(smoke_run):
-    "Four models measured at each length; the extended ones carry the raised RoPE base; the metrics are the table's."
+    "Five models measured at each length; the extended ones carry the raised RoPE base, the control the original one; the metrics are the table's."
     from transformers import AutoConfig
 
     run_dir, _, _ = smoke_run
     folder = run_dir / "midtrain"
     metrics, recall = read(folder / "metrics.json"), read(folder / "recall.json")
-    assert set(recall["recall"]) == {"base", "RoPE base raised, not trained", "midtrained, natural", "midtrained, concatenated"}
+    assert set(recall["recall"]) == {"base", "RoPE base raised, not trained", "midtrained, natural", "midtrained, concatenated",
+                                     "midtrained, natural, original RoPE base"}
     assert all(set(by_length) == {"64", "256"} for by_length in recall["recall"].values())  # smoke: lengths 64 and 256 (4 x 64)
     assert metrics["long_context"] == 256 and metrics["rope_theta"] == 250000.0
     assert metrics["midtrain_recall_4x"] == round(recall["recall"]["midtrained, natural"]["256"], 4)
@@ -635,6 +636,8 @@ def test_phi4_midtrain_stage(smoke_run):
         config = AutoConfig.from_pretrained(folder / f"train_{name}" / "final")
         assert config.rope_parameters["rope_theta"] == 250000.0, name
     assert AutoConfig.from_pretrained(folder / "train_base" / "final").rope_parameters["rope_theta"] == 10000.0
+    assert AutoConfig.from_pretrained(folder / "train_natural_original_base" / "final").rope_parameters["rope_theta"] == 10000.0
+    assert metrics["original_base_recall_4x"] == round(recall["recall"]["midtrained, natural, original RoPE base"]["256"], 4)
 
 
 def test_phi4_hallucination_stage(smoke_run):
@@ -644,10 +647,11 @@ def test_phi4_hallucination_stage(smoke_run):
     metrics, results = read(folder / "metrics.json"), read(folder / "outcomes.json")
     sft = [json.loads(line) for line in (folder / "sft_data.jsonl").read_text().splitlines()]
     pairs = [json.loads(line) for line in (folder / "dpo_pairs.jsonl").read_text().splitlines()]
-    assert sum(r["kind"] == "bogus: refusal" for r in sft) == 8  # smoke: 8 bogus problems, each refused
+    assert sum(r["kind"] == "bogus: refusal" for r in sft) == metrics["halluc_bogus_kept"]  # each checked bogus problem refused
+    assert metrics["halluc_bogus_kept"] + metrics["halluc_bogus_rejected"] <= 8  # smoke: 8 candidates, those still answerable rejected
     assert all(r["body"].rstrip().endswith("return result") and "result = None" in r["body"] for r in sft if "refusal" in r["kind"])
     assert len(pairs) == metrics["halluc_dpo_pairs"] and all(len(p["chosen_ids"]) <= 5 and len(p["rejected_ids"]) <= 5 for p in pairs)
-    assert list(results) == ["SFT", "SFT + refusal data", "+ DPO (hallucination and PTS pairs)"]
+    assert list(results)[:4] == ["SFT", "SFT + refusal data", "+ DPO (hallucination and PTS pairs)", "SFT + replay only (control)"]
     for name, r in results.items():
         for part in ("answerable", "bogus", "all"):
             shares = r[part]
@@ -659,9 +663,9 @@ def test_phi4_hallucination_stage(smoke_run):
 
 
 def test_phi4_judge_dpo_stage(smoke_run):
-    "Every response scored; the pairs are exactly what the labelling rule makes of the recorded scores; the audit is the scores against execution."
+    "Every response scored by the verifier judge; the pairs are exactly what the labelling rule makes of the recorded scores; the audit is the scores against execution, and its gate decides whether round 2 trained."
     from slm_bench.core.store import read_jsonl
-    from slm_bench.methods.judge_dpo import judged_pairs
+    from slm_bench.methods.judge_dpo import judge_audit, judge_gate, judged_pairs
 
     run_dir, _, _ = smoke_run
     folder = run_dir / "judge_dpo"
@@ -672,18 +676,21 @@ def test_phi4_judge_dpo_stage(smoke_run):
     groups = [[r for r in responses if r["prompt_index"] == i] for i in range(8)]
     assert [{k: v for k, v in p.items() if k != "oracle_agrees"} for p in pairs] == judged_pairs(groups, 1.0, "all")
     assert len(pairs) == metrics["judge_dpo_pairs"] > 0
-    # the embedded judge's accuracy is the rule grade (1, 3, 6, 9), mirrored (10, 8, 5, 2) on the answers it slips on
-    honest = [r for r in responses if r["scores"]["accuracy"] in (1.0, 3.0, 6.0, 9.0)]
-    slipped = [r for r in responses if r["scores"]["accuracy"] in (10.0, 8.0, 5.0, 2.0)]
-    assert len(honest) + len(slipped) == len(responses)
-    assert all((r["scores"]["accuracy"] >= 5.5) == r["correct"] for r in honest)
-    assert all((r["scores"]["accuracy"] >= 5.5) != r["correct"] for r in slipped)
-    assert audit["agreement"]["accuracy"] == pytest.approx(len(honest) / len(responses))
-    assert metrics["judge_oracle_agreement"] == round(len(honest) / len(responses), 4)
-    assert audit["position_bias"]["consistent"] == 1.0 and audit["length_bias"]["grade_gain"] == 0.0
+    # the verifier judge's accuracy is 1 + 9 p(correct): any value in [1, 10], not the rule grades
+    assert audit["judge"]["kind"] == "trained model" and all(1.0 <= r["scores"]["accuracy"] <= 10.0 for r in responses)
+    recomputed = judge_audit([r["scores"] for r in responses], [r["correct"] for r in responses])
+    assert audit["agreement"]["accuracy"] == pytest.approx(recomputed["agreement"]["accuracy"])
+    assert metrics["judge_oracle_agreement"] == round(recomputed["agreement"]["accuracy"], 4)
+    assert audit["position_bias"]["consistent"] == 1.0  # pointwise: by construction
+    params = read(folder / "manifest.json")["parameters"]
+    gate = judge_gate(audit, params["min_agreement"], params["agreement_bound"], params["beat_constant"])
+    assert audit["gate"] == gate and metrics["judge_passed_audit"] == gate["passed"]
+    findings = {f["id"]: f for f in read(folder / "findings.json")["findings"]}
+    assert gate["passed"] is True  # smoke: min_agreement 0 and no constant-judge bar, so round 2 trains (the closed gate: test_judge_gate)
     results = read(folder / "results.json")["results"]
     assert metrics["dpo2_pass@1"] == round(results["final (stage 1 + stage 2)"]["accuracy"], 4)
     assert (folder / "model" / "config.json").is_file()
+    assert findings["phi4_judge_round2_over_round1"]["control"] and not findings["phi4_judge_round2_over_round1"]["not_testable"]
 
 
 def test_phi4_ablations_recipe_runs_on_request_beside_a_finished_run(smoke_run):

@@ -8,7 +8,7 @@ import pytest
 from conftest import save_wide_checkpoint, served_checkpoint
 from slm_bench.data.synth import ParseReport, ProceduralTeacher, parse_joint
 from slm_bench.data.workflows import (ChatAnnotator, ChatCritic, ChatInstructionWriter, ChatReviser, ChatRewriter, ChatTeacher,
-                                      PHI4_PROMPTS, ProceduralInstructionWriter, RuleCritic, ValueClassifier, code_only, curate_seeds,
+                                      PHI4_PROMPTS, CodeInstructionWriter, RuleCritic, ValueClassifier, code_only, curate_seeds,
                                       parse_score, plurality_filter, reversal_gate, self_revise, teacher_answers, web_pages)
 from slm_bench.infer.sampling import Completion
 
@@ -98,14 +98,13 @@ def test_self_revision_with_a_scripted_critic_and_reviser():
 
 
 def test_the_rule_critic_scores_by_its_rubric():
-    "4 for a number, 3 pro rata for the givens used, 1 for a whole non-negative answer, 2 for agreeing with the reference."
+    "5 for a number, 4 pro rata for the givens used, 1 for a whole non-negative answer; a reference is never read."
     halves = PROGRAM.replace("return start + more", "return start / 8")
     crits = RuleCritic().critique([{"question": QUESTION, "draft": PROGRAM, "reference": 17},
                                    {"question": QUESTION, "draft": halves, "reference": 17},
                                    {"question": QUESTION, "draft": PROGRAM, "reference": None}])
-    assert [c.score for c in crits] == [10.0, 4 + 3 + 0, 8.0]  # halves: defines both givens, returns 1.5, disagrees
-    assert crits[1].notes == ["- the answer 1.5 is not a whole, non-negative number: check each operation",
-                              "- the answer 1.5 disagrees with my solution: recheck the steps"]
+    assert [c.score for c in crits] == [10.0, 5 + 4 + 0, 10.0]  # halves: defines both givens, returns 1.5
+    assert crits[1].notes == ["- the answer 1.5 is not a whole, non-negative number: check each operation"]
 
 
 def test_instruction_reversal_with_a_scripted_writer_and_coder():
@@ -126,11 +125,13 @@ def test_instruction_reversal_with_a_scripted_writer_and_coder():
 
 def test_the_embedded_instruction_writer_misstates_at_its_slip_rate():
     records = [{"question": p.question, "program": p.program} for p in ProceduralTeacher(error_rate=0.0).generate(400, seed=1)]
-    told = ProceduralInstructionWriter(slip=0.25, seed=3).instructions(records)
-    misstated = [t for t, r in zip(told, records) if not t["faithful"]]
+    told = CodeInstructionWriter(slip=0.25, seed=3).instructions(records)
+    faithful = CodeInstructionWriter(slip=0.0, seed=3).instructions(records)
+    misstated = [t for t in told if not t["faithful"]]
     assert 70 <= len(misstated) <= 130  # 100 expected; binomial sd 8.7
-    assert all(t["instruction"] != r["question"] for t, r in zip(told, records) if not t["faithful"])
-    assert all(t["instruction"] == r["question"] for t, r in zip(told, records) if t["faithful"])
+    assert all(t["instruction"] != f["instruction"] for t, f in zip(told, faithful) if not t["faithful"])
+    assert all(t["instruction"] == f["instruction"] for t, f in zip(told, faithful) if t["faithful"])
+    assert all(r["question"] not in t["instruction"] for t, r in zip(told, records))
 
 
 @pytest.fixture(scope="module")

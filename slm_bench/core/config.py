@@ -194,6 +194,7 @@ def parse_parameters_cell(source: str, where: str) -> dict[str, ParamSpec]:
 SMOKE_PHI4_DATA = {  # the smoke profile's settings for Phi-4's data, midtraining, round-2 and ablation stages
     "workflows.annotated_pages": 40, "workflows.pages": 30, "workflows.plurality_questions": 16, "workflows.plurality_dev_questions": 16,
     "workflows.plurality_samples": 4, "workflows.rewrite_seeds": 6, "workflows.revision_items": 8, "workflows.revision_rounds": 2,
+    "workflows.revision_candidates": 2,
     "workflows.reversal_programs": 16, "workflows.reversal_steps": 2, "workflows.reversal_micro_batch_size": 4,
     "workflows.dev_problems": 12, "workflows.max_new_tokens": 96,
     "midtrain.base_context": 64, "midtrain.train_problems": 200, "midtrain.base_steps": 2, "midtrain.base_micro_batch_size": 4,
@@ -206,6 +207,7 @@ SMOKE_PHI4_DATA = {  # the smoke profile's settings for Phi-4's data, midtrainin
     "judge_dpo.prompts": 8, "judge_dpo.early_step": 15, "judge_dpo.audit_pairs": 4, "judge_dpo.betas": [0.1], "judge_dpo.steps": 2,
     "judge_dpo.micro_batch_size": 4, "judge_dpo.warmup_steps": 1, "judge_dpo.dev_problems": 8, "judge_dpo.test_problems": 12,
     "judge_dpo.max_new_tokens": 96,
+    "judge_dpo.min_agreement": 0.0, "judge_dpo.beat_constant": False,  # the smoke verifier (10 steps) would fail the audit: the training path stays covered
     "mixture_ablations.facts": 24, "mixture_ablations.web_docs": 300, "mixture_ablations.rewrite_docs": 200,
     "mixture_ablations.synthetic_docs": 300, "mixture_ablations.code_docs": 100, "mixture_ablations.steps": 3,
     "mixture_ablations.micro_batch_size": 4, "mixture_ablations.seq_len": 128, "mixture_ablations.warmup_steps": 1,

@@ -22,8 +22,9 @@ from .synth import (ITEMS, NAMES, TRAIN_VOCAB, Spec, Step, SynthProblem, Vocab, 
 __all__ = ['PHI4_PROMPTS', 'parse_score', 'ChatTeacher', 'web_pages', 'page_text', 'ProceduralAnnotator', 'ChatAnnotator',
            'ValueClassifier', 'SeedCuration', 'curate_seeds', 'plurality_vote', 'model_answers', 'teacher_answers',
            'plurality_filter', 'choose_min_share', 'new_numbers', 'new_entities', 'harder', 'rewrite_problem',
-           'ChatRewriter', 'Critique', 'RuleCritic', 'ChatCritic', 'ProceduralReviser', 'ChatReviser', 'self_revise',
-           'code_only', 'ProceduralInstructionWriter', 'ChatInstructionWriter', 'reversal_gate', 'unique_tokens']
+           'ChatRewriter', 'Critique', 'RuleCritic', 'ChatCritic', 'CritiqueReviser', 'ResampleReviser', 'ChatReviser',
+           'self_revise', 'code_only', 'CodeInstructionWriter', 'ChatInstructionWriter', 'reversal_gate',
+           'unique_tokens']
 
 # %% ../../nbs/data/04_workflows.ipynb #0788c233
 PHI4_PROMPTS = load_prompts(Path(str(resources.files("slm_bench") / "data" / "prompts" / "phi4")))
@@ -407,38 +408,40 @@ def _question_numbers(question: str) -> list[str]:
     return re.findall(r"(?<![\w.])\d+(?:\.\d+)?", question.replace(",", ""))
 
 
+_NOTE_RUNS = "- the program does not run or returns no number: write a function that returns the answer"
+_NOTE_UNUSED = "- the program never uses {} from the problem: use every quantity given"
+_NOTE_WHOLE = "- the answer {:g} is not a whole, non-negative number: check each operation"
+
+
+def _uses(program: str, number: str) -> bool:
+    "Whether the program's code (after its docstring) writes `number`."
+    return bool(re.search(rf"(?<![\w.]){re.escape(number)}(?![\d])", program.split('"""')[-1]))
+
+
 @dataclass
 class RuleCritic:
-    "The embedded critic: RULE-BASED (not an LLM), scoring a program on our 10-point rubric against its own solution."
+    "The embedded critic: RULE-BASED (not an LLM), scoring a program on our 10-point rubric from the question and the draft only."
     sandbox: Any = None
     kind: str = "rule-based"
 
     def critique(self, items: Sequence[dict]) -> list[Critique]:
-        "items: `{question, draft, reference}` (reference: the critic's own answer, or None)."
-        from slm_bench.evals.tasks import numbers_equal
+        "items: `{question, draft, ...}`; any other key (a reference answer, the problem) is never read."
         from slm_bench.methods.orca_strategies import read_answers
 
         answers = read_answers([i["draft"] for i in items], self.sandbox)
         out = []
         for item, answer in zip(items, answers):
             if answer is None:
-                out.append(Critique(0.0, ["- the program does not run or returns no number: write a function that returns the answer"]))
+                out.append(Critique(0.0, [_NOTE_RUNS]))
                 continue
-            notes, score = [], 4.0
-            body = item["draft"].split('"""')[-1]
             givens = _question_numbers(item["question"])
-            used = [g for g in givens if re.search(rf"(?<![\w.]){re.escape(g)}(?![\d])", body)]
-            score += 3.0 * (len(used) / len(givens) if givens else 1.0)
-            notes += [f"- the program never uses {g} from the problem: use every quantity given" for g in givens if g not in used]
+            unused = [g for g in givens if not _uses(item["draft"], g)]
+            score = 5.0 + 4.0 * ((len(givens) - len(unused)) / len(givens) if givens else 1.0)
+            notes = [_NOTE_UNUSED.format(g) for g in unused]
             if answer.denominator == 1 and answer >= 0:
                 score += 1.0
             else:
-                notes.append(f"- the answer {float(answer):g} is not a whole, non-negative number: check each operation")
-            if item.get("reference") is not None:
-                if numbers_equal(answer, item["reference"]):
-                    score += 2.0
-                else:
-                    notes.append(f"- the answer {float(answer):g} disagrees with my solution: recheck the steps")
+                notes.append(_NOTE_WHOLE.format(float(answer)))
             out.append(Critique(round(score, 4), notes))
         return out
 
@@ -453,34 +456,67 @@ class ChatCritic:
         replies = self.teacher.ask("critique@1", [{"question": i["question"], "draft": i["draft"]} for i in items])
         return [Critique(parse_score(g[0]), [l.strip() for l in g[0].splitlines() if l.strip().startswith("- ")]) for g in replies]
 
+
 # %% ../../nbs/data/04_workflows.ipynb #9baaf46c
+def _resolves(note: str, program: str, answer) -> bool:
+    "Whether a candidate (its code and its run's answer, None if it failed) resolves one of the rule critic's notes; other notes: no."
+    if answer is None:
+        return False
+    if note == _NOTE_RUNS:
+        return True
+    if m := re.fullmatch(re.escape(_NOTE_UNUSED).replace(r"\{\}", r"(\S+)"), note):
+        return _uses(program, m.group(1))
+    if re.fullmatch(re.escape(_NOTE_WHOLE).replace(r"\{:g\}", r"\S+"), note):
+        return answer.denominator == 1 and answer >= 0
+    return False
+
+
 @dataclass
-class ProceduralReviser:
-    "The embedded reviser (a stand-in for GPT-4o revising): the solution written from the problem's steps, with one planted error at probability `slip` (ours)."
-    slip: float = 0.3
+class CritiqueReviser:
+    """The embedded reviser: `draw(questions, k, seed)` (the SFT model) gives `candidates` new programs for the question;
+    the one resolving the most of the critique's notes is kept (ties: the first). Reads the question and the critique only."""
+    draw: Any
+    candidates: int = 4
+    sandbox: Any = None
     seed: int = 0
 
+    def _draws(self, items: Sequence[dict], round_: int) -> list[list[str]]:
+        return self.draw([i["question"] for i in items], self.candidates, self.seed * 1_000 + round_) if items else []
+
     def revise(self, items: Sequence[dict], critiques: Sequence[Critique], round_: int = 0) -> list[str]:
-        "items: `{problem: SynthProblem, ...}`; one revised program each."
-        rng = random.Random(self.seed * 1_000 + round_)
-        out = []
-        for item in items:
-            p: SynthProblem = item["problem"]
-            sentences = _sentences(p.question)
-            new = render(Spec(p.family, sentences[:-1], sentences[-1], _steps(p)), p.id, None, rng, "revision", rng.random() < self.slip)
-            out.append(new.program)
+        from slm_bench.methods.orca_strategies import read_answers
+
+        groups = self._draws(items, round_)
+        flat = read_answers([p for g in groups for p in g], self.sandbox)
+        out, at = [], 0
+        for item, c, g in zip(items, critiques, groups):
+            answers, at = flat[at:at + len(g)], at + len(g)
+            resolved = [sum(_resolves(n, p, a) for n in c.notes) for p, a in zip(g, answers)]
+            out.append(g[resolved.index(max(resolved))] if g else item["draft"])
         return out
 
 
 @dataclass
-class ChatReviser:
-    "Any Sampler as the reviser (`revise@1`): the revised function from its reply, or the draft unchanged when it wrote none."
-    teacher: ChatTeacher
+class ResampleReviser(CritiqueReviser):
+    "The control: the same draws (same seed), the first candidate taken; the critique is never read."
 
     def revise(self, items: Sequence[dict], critiques: Sequence[Critique], round_: int = 0) -> list[str]:
-        replies = self.teacher.ask("revise@1", [{"question": i["question"], "draft": i["draft"], "critique": "\n".join(c.notes)}
+        return [g[0] if g else i["draft"] for i, g in zip(items, self._draws(items, round_))]
+
+
+@dataclass
+class ChatReviser:
+    """Any Sampler as the reviser (`revise@1`): the revised function from its reply, or the draft unchanged when it wrote
+    none. `read_critique=False` is the control: the same prompt with the review left empty ("(none)")."""
+    teacher: ChatTeacher
+    read_critique: bool = True
+
+    def revise(self, items: Sequence[dict], critiques: Sequence[Critique], round_: int = 0) -> list[str]:
+        review = lambda c: "\n".join(c.notes) if self.read_critique else "(none)"
+        replies = self.teacher.ask("revise@1", [{"question": i["question"], "draft": i["draft"], "critique": review(c)}
                                                 for i, c in zip(items, critiques)], seed=round_)
         return [extract_program(g[0]) or i["draft"] for i, g in zip(items, replies)]
+
 
 # %% ../../nbs/data/04_workflows.ipynb #756202d4
 def self_revise(items: Sequence[dict], critic, reviser, threshold: float = 9.0, max_rounds: int = 3) -> tuple[list[dict], dict]:
@@ -516,25 +552,41 @@ def code_only(program: str) -> str:
     return re.sub(r'\n\s*"""(?:.|\n)*?"""\n', "\n", program, count=1)
 
 
+_SPOKEN = {"//": "divided by", "/": "divided by", "+": "plus", "-": "minus", "*": "times", "%": "modulo"}
+
+
+def _spoken(expr: str) -> str:
+    "An expression in words: operators spelled out, underscores as spaces."
+    words = re.sub(r"//|[-+*/%]", lambda m: f" {_SPOKEN[m.group()]} ", expr)
+    return " ".join(words.replace("_", " ").split())
+
+
 @dataclass
-class ProceduralInstructionWriter:
-    "The embedded instruction writer (a stand-in for an LLM): the question the program answers, with one given number misstated at probability `slip` (ours)."
+class CodeInstructionWriter:
+    """The embedded instruction writer (a stand-in for an LLM): reads the code only (`code_only`), each assignment as a
+    sentence, then "What is <returned value>?"; one number misstated at probability `slip` (ours), decided per code."""
     slip: float = 0.2
     seed: int = 0
 
+    def write(self, code: str) -> dict:
+        "`{instruction, faithful}` for one docstring-free program."
+        lines = [l.strip() for l in code.splitlines()]
+        assigns = [m.groups() for m in (re.fullmatch(r"(\w+)\s*=\s*(.+)", l) for l in lines) if m]
+        returned = next((l[len("return "):] for l in lines if l.startswith("return ")), None)
+        rng = random.Random(f"{self.seed}:{code}")  # the same code, the same instruction
+        literals = [j for j, (_, e) in enumerate(assigns) if e.isdigit() and int(e) > 1]
+        faithful = True
+        if literals and rng.random() < self.slip:
+            j = rng.choice(literals)
+            assigns[j] = (assigns[j][0], str(int(assigns[j][1]) + rng.choice([-1, 1, 2, 3])))
+            faithful = False
+        sentences = [f"{_spoken(v).capitalize()} is {_spoken(e)}." for v, e in assigns]
+        ask = f"What is {_spoken(returned)}?" if returned else "What is the result?"
+        return {"instruction": " ".join(sentences + [ask]), "faithful": faithful}
+
     def instructions(self, records: Sequence[dict]) -> list[dict]:
-        "`{instruction, faithful}` for each `{question, program}` record."
-        rng = random.Random(self.seed)
-        out = []
-        for r in records:
-            numbers = [n for n in _question_numbers(r["question"]) if n.isdigit() and int(n) > 1]
-            if numbers and rng.random() < self.slip:
-                old = rng.choice(numbers)
-                new = str(int(old) + rng.choice([-1, 1, 2, 3]))
-                out.append({"instruction": re.sub(rf"(?<![\w.]){old}(?![\d])", new, r["question"], count=1), "faithful": False})
-            else:
-                out.append({"instruction": r["question"], "faithful": True})
-        return out
+        "`{instruction, faithful}` for each `{program, ...}` record; its question is never read."
+        return [self.write(code_only(r["program"])) for r in records]
 
 
 @dataclass
@@ -556,6 +608,7 @@ def reversal_gate(originals: Sequence[str], regenerated: Sequence[str | None], s
     before, after = values[:len(originals)], values[len(originals):]
     return [{"original_value": a, "regenerated_value": b, "kept": a is not None and b is not None and numbers_equal(a, b)}
             for a, b in zip(before, after)]
+
 
 # %% ../../nbs/data/04_workflows.ipynb #a05b0307
 def unique_tokens(texts: Sequence[str], tokenizer) -> int:

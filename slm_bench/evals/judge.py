@@ -240,10 +240,12 @@ def position_bias(judge, first: Sequence[JudgeItem], second: Sequence[JudgeItem]
 
 
 def pad_answer(answer: str, padding: str = PADDING) -> str:
-    "The answer with a neutral sentence before its final line (a program gets it as a comment)."
+    "The answer with a neutral sentence before its final line (a program gets it as a comment where its body starts, after any docstring)."
     lines = answer.splitlines()
     if lines and lines[0].startswith("def "):
-        return "\n".join(lines[:1] + [f"    # {padding}"] + lines[1:])
+        quotes = [sum(line.count('"""') for line in lines[:i + 1]) for i in range(len(lines))]
+        at = quotes.index(2) + 1 if 2 in quotes else 1  # the line after the docstring's closing quotes, else after the def line
+        return "\n".join(lines[:at] + [f"    # {padding}"] + lines[at:]) + ("\n" if answer.endswith("\n") else "")
     return "\n".join(lines[:-1] + [padding] + lines[-1:]) if len(lines) > 1 else f"{padding}\n{answer}"
 
 

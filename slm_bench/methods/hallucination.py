@@ -13,12 +13,13 @@ from typing import Sequence
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['REFUSAL', 'unanswerable', 'outcome', 'outcomes', 'refusal_data', 'truncated_pairs', 'sampled_bodies',
-           'greedy_answers']
+__all__ = ['REFUSAL', 'REFUSAL_MARKER', 'REFUSED', 'unanswerable', 'needed_values', 'removes_needed', 'bogus_questions',
+           'answer_of', 'outcome', 'outcomes', 'refusal_data', 'truncated_pairs', 'sampled_bodies', 'greedy_answers']
 
 # %% ../../nbs/methods/16_hallucination.ipynb #5469e3e4
 REFUSAL = ("    # The problem does not give every quantity this needs, so it cannot be answered.\n"
            "    result = None\n    return result\n")  # ours: the refusal, as a program body
+REFUSAL_MARKER = REFUSAL.splitlines()[0].strip()  # a refusal carries this comment line and gives no number
 
 
 def _numbers(text: str) -> list[str]:
@@ -41,14 +42,70 @@ def unanswerable(question: str, rng: random.Random) -> str | None:
     body[i] = re.sub(rf"(?<![\w.]){re.escape(number)}(?![\d])", vague, body[i], count=1)
     return " ".join(body + [ask])
 
+# %% ../../nbs/methods/16_hallucination.ipynb #86001329
+def needed_values(program: str) -> Counter:
+    "The given numbers (`name = number`) the program's returned value depends on, followed back through its assignments, counted by value."
+    import ast
+
+    givens, uses, returned = {}, {}, set()
+    for node in ast.walk(ast.parse(program)):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+                givens[name] = float(value.value)
+            else:
+                uses.setdefault(name, set()).update(n.id for n in ast.walk(value) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Return) and node.value is not None:
+            returned.update(n.id for n in ast.walk(node.value) if isinstance(n, ast.Name))
+    seen, todo = set(), list(returned)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += uses.get(name, ())
+    return Counter(givens[n] for n in seen if n in givens)
+
+
+def _values(text: str) -> Counter:
+    return Counter(float(n.lstrip("$")) for n in _numbers(text))
+
+
+def removes_needed(record: dict, bogus: str) -> bool:
+    "Whether `bogus` (the record's question with a quantity removed) lost a number the record's program needs: then it cannot be answered."
+    before, after = _values(record["question"]), _values(bogus)
+    return any(after[v] < before[v] and after[v] < k for v, k in needed_values(record["program"]).items())
+
+
+def bogus_questions(records: Sequence[dict], rngs) -> tuple[list[str], int]:
+    "Bogus questions from records with `question` and `program` (one rng per record, or one for all): the checked ones, and how many were rejected (still answerable)."
+    kept, rejected = [], 0
+    for i, r in enumerate(records):
+        b = unanswerable(r["question"], rngs[i] if isinstance(rngs, Sequence) else rngs)
+        if b is None:
+            continue
+        if removes_needed(r, b):
+            kept.append(b)
+        else:
+            rejected += 1
+    return kept, rejected
+
 # %% ../../nbs/methods/16_hallucination.ipynb #43474eb3
+REFUSED = "not attempted (refusal)"  # what `answer_of` gives for an explicit refusal
+
+
+def answer_of(body: str, value):
+    "A program body and its run's value as an answer: `REFUSED` when the body carries the refusal line and gives no number, else the value (None: a crash or no number)."
+    return REFUSED if value is None and REFUSAL_MARKER in body else value
+
+
 def outcome(answer, gold) -> str:
-    "'not_attempted' when there is no answer, else 'correct' or 'incorrect' (gold None: unanswerable, any number is incorrect)."
+    """'not_attempted' for `REFUSED` only; 'correct' when the number equals gold; else 'incorrect' (a crash or no number
+    (None) included; gold None: unanswerable, any number is incorrect)."""
     from slm_bench.evals.tasks import numbers_equal
 
-    if answer is None:
+    if isinstance(answer, str) and answer == REFUSED:
         return "not_attempted"
-    return "correct" if gold is not None and numbers_equal(answer, gold) else "incorrect"
+    return "correct" if answer is not None and gold is not None and numbers_equal(answer, gold) else "incorrect"
 
 
 def outcomes(answers: Sequence, golds: Sequence) -> dict:
@@ -115,5 +172,5 @@ def sampled_bodies(sampler, questions: Sequence[str], n: int, temperature: float
 
 
 def greedy_answers(sampler, questions: Sequence[str], sandbox=None, seed: int = 0, max_new_tokens: int = 160) -> list:
-    "Each question's greedy program run in the sandbox: its number, or None (not attempted)."
-    return [g[0][1] for g in sampled_bodies(sampler, questions, 1, 0.0, sandbox, seed, max_new_tokens)]
+    "Each question's greedy program run in the sandbox, through `answer_of`: its number, `REFUSED` (an explicit refusal), or None (a crash or no number)."
+    return [answer_of(*g[0]) for g in sampled_bodies(sampler, questions, 1, 0.0, sandbox, seed, max_new_tokens)]

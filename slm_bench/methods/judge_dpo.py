@@ -5,13 +5,15 @@
 # %% ../../nbs/methods/17_judge_dpo.ipynb #c1a1544a
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..core.errors import BadInput
 
 # %% auto #0
-__all__ = ['PAIRINGS', 'prefer', 'judged_pairs', 'judge_audit', 'sequence_pairs']
+__all__ = ['PAIRINGS', 'GATE_BOUNDS', 'prefer', 'judged_pairs', 'judge_audit', 'sequence_pairs', 'program_parts', 'VerifierJudge',
+           'judge_gate']
 
 # %% ../../nbs/methods/17_judge_dpo.ipynb #92978d8e
 def prefer(a: dict, b: dict, min_gap: float = 1.0) -> tuple[int, str] | None:
@@ -58,7 +60,8 @@ def judge_audit(scores: Sequence[dict | None], oracle: Sequence[bool], right_fro
     both = [(s["accuracy"] >= right_from, bool(o)) for s, o in zip(scores, oracle) if s is not None]
     wrong, right = [j for j, o in both if not o], [j for j, o in both if o]
     agreement = accuracy_ci([j == o for j, o in both]) if both else {"accuracy": None, "ci_low": None, "ci_high": None}
-    return {"answers": len(scores), "unscored": len(scores) - len(both), "agreement": agreement,
+    constant = max(len(right), len(wrong)) / len(both) if both else None  # what a judge saying always "right" (or "wrong") agrees
+    return {"answers": len(scores), "unscored": len(scores) - len(both), "agreement": agreement, "constant_agreement": constant,
             "false_accept": sum(wrong) / len(wrong) if wrong else None, "false_reject": 1 - sum(right) / len(right) if right else None}
 
 # %% ../../nbs/methods/17_judge_dpo.ipynb #98111ef9
@@ -68,3 +71,76 @@ def sequence_pairs(tokenizer, questions: Sequence[str], pairs: Sequence[dict]) -
     from slm_bench.train.dpo import text_pair
 
     return [text_pair(tokenizer, tinygsm_prompt(questions[p["prompt_index"]]), p["chosen"], p["rejected"]) for p in pairs]
+
+# %% ../../nbs/methods/17_judge_dpo.ipynb #8432588c
+def program_parts(text: str) -> tuple[str, str]:
+    "A TinyGSM program's header (through the line its docstring closes on) and body; (text, '') without a docstring."
+    first = text.find('"""')
+    second = text.find('"""', first + 3) if first != -1 else -1
+    if second == -1:
+        return text, ""
+    cut = text.find("\n", second)
+    return (text, "") if cut == -1 else (text[:cut + 1], text[cut + 1:])
+
+
+@dataclass
+class VerifierJudge:
+    "A trained model as judge: the verifier's p(correct) of a program's text as accuracy (1 + 9p); style and detail by our rules."
+    verifier: Any  # a train.verifier.VerifierModel
+    tokenizer: Any
+    name: str = "TinyGSM verifier"
+    version: str = ""  # e.g. a hash of the checkpoint (pinned in the audit)
+    batch_size: int = 32
+    kind: str = "trained model"
+    seen: dict = field(default_factory=dict, repr=False)  # text → p(correct): the audit asks about the same texts again
+
+    def p_correct(self, items: Sequence) -> list[float]:
+        "p(correct) of each item's text (`item.answer`: header + program) by the verifier's head on its last token."
+        from slm_bench.train.verifier import score_candidates
+
+        new = list(dict.fromkeys(item.answer for item in items if item.answer not in self.seen))
+        parts = [program_parts(text) for text in new]
+        heads = [self.tokenizer(head)["input_ids"] for head, _ in parts]
+        bodies = [self.tokenizer(body, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id] for _, body in parts]
+        self.seen.update(zip(new, score_candidates(self.verifier, heads, bodies, self.batch_size) if new else []))
+        return [self.seen[item.answer] for item in items]
+
+    def aspects(self, items: Sequence) -> list[dict]:
+        from slm_bench.evals.judge import rule_aspects
+
+        return [rule_aspects(item.answer, 1.0 + 9.0 * p) for item, p in zip(items, self.p_correct(items))]
+
+    def grade(self, items):
+        return [s["overall"] for s in self.aspects(items)]
+
+    def compare(self, items_a, items_b):
+        from slm_bench.evals.judge import compare_by_grade
+
+        return compare_by_grade(self, items_a, items_b)
+
+    def hallucinated(self, items):
+        return [None for _ in items]  # not what a verifier judges
+
+    def pin(self) -> dict:
+        return {"kind": self.kind, "model": self.name, "version": self.version, "reads": "the response's text (question docstring + program)",
+                "aspects": ["accuracy = 1 + 9 p(correct)", "style and detail: rule_aspects"], "pairwise": "the higher overall (pointwise)"}
+
+# %% ../../nbs/methods/17_judge_dpo.ipynb #06f5cc62
+GATE_BOUNDS = {"ci_low": "ci_low", "point": "accuracy"}
+
+
+def judge_gate(audit: dict, min_agreement: float, bound: str = "ci_low", beat_constant: bool = True) -> dict:
+    "Whether an audited judge may label pairs: its agreement (interval's lower end, or point) at least `min_agreement` and above a constant judge's."
+    if bound not in GATE_BOUNDS:
+        raise BadInput(f"bound must be one of {tuple(GATE_BOUNDS)}, got {bound!r}")
+    if not 0.0 <= min_agreement <= 1.0:
+        raise BadInput(f"min_agreement is a share, between 0 and 1; got {min_agreement}")
+    value, constant = audit["agreement"][GATE_BOUNDS[bound]], audit.get("constant_agreement")
+    shown = "none (nothing scored)" if value is None else f"{value:.1%}"
+    if value is None or value < min_agreement:
+        why = f"the judge failed its audit: agreement ({bound}) {shown} < threshold {min_agreement:.0%}"
+    elif beat_constant and constant is not None and value <= constant:
+        why = f"the judge failed its audit: agreement ({bound}) {shown} does not beat a constant judge's {constant:.1%}"
+    else:
+        why = ""
+    return {"passed": not why, "agreement": value, "constant_agreement": constant, "bound": bound, "threshold": min_agreement, "why": why}

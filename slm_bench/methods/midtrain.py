@@ -15,20 +15,27 @@ from ..evals.tasks import tinygsm_prompt
 from ..lm.packing import pack, prompt_completion_example
 
 # %% auto #0
-__all__ = ['NEUTRAL_FILLER', 'stretch', 'needle_examples', 'extend_context', 'midtraining_rows', 'recall_inputs',
-           'recall_accuracy']
+__all__ = ['NEUTRAL_FILLER', 'TEST_FILLER', 'TRAIN_FILLER', 'stretch', 'needle_examples', 'extend_context', 'midtraining_rows',
+           'recall_inputs', 'recall_accuracy']
 
 # %% ../../nbs/methods/15_midtrain.ipynb #b57d2bdc
 NEUTRAL_FILLER = ("The park was quiet that morning.", "Birds sang in the tall trees.", "A light wind moved the leaves.",
                   "The sky was clear and blue.", "Children played near the old fountain.", "The bakery smelled of fresh bread.",
                   "A cat slept on the warm wall.", "The river ran past the mill.", "Clouds drifted over the hills.",
                   "The library opened at the usual time.", "Someone was whistling a tune.", "The grass was wet with dew.")
+_SUBJECTS = ("The old dog", "A small boat", "The tall tower", "The garden gate", "A red kite", "The morning bus", "The quiet street", "A paper lantern")
+_PREDICATES = ("stood by the road.", "moved slowly.", "looked calm.", "was painted green.", "caught the light.", "waited in the shade.",
+               "was easy to see.", "stayed still for a while.")
+TEST_FILLER = NEUTRAL_FILLER[1::2]  # the recall test's half
+TRAIN_FILLER = NEUTRAL_FILLER[0::2] + tuple(f"{s} {p}" for s in _SUBJECTS for p in _PREDICATES)  # the other half and 64 made sentences: no test sentence
 
 
-def stretch(question: str, tokens: int, tokenizer, rng: random.Random, filler: Sequence[str] = NEUTRAL_FILLER) -> str:
-    "The question with filler sentences after its first sentence until its TinyGSM prompt has at least `tokens` tokens (unchanged if it has)."
+def stretch(question: str, tokens: int, tokenizer, rng: random.Random, filler: Sequence[str] = TEST_FILLER, spread: bool = False) -> str:
+    """The question with filler sentences until its TinyGSM prompt has at least `tokens` tokens (unchanged if it has):
+    in one run after its first sentence, or (`spread`) dealt in turn into every gap between two of its sentences."""
+    sentences = re.split(r"(?<=[.?!]) ", question.strip()) if spread else None
     first, _, rest = question.partition(". ")
-    if not rest:
+    if not rest or (spread and len(sentences) < 2):
         raise BadInput(f"a question needs a first sentence to separate from the rest: {question!r}")
     have = len(tokenizer(tinygsm_prompt(question))["input_ids"])
     added = []
@@ -36,26 +43,36 @@ def stretch(question: str, tokens: int, tokenizer, rng: random.Random, filler: S
         sentence = rng.choice(filler)
         added.append(sentence)
         have += len(tokenizer(" " + sentence, add_special_tokens=False)["input_ids"])
-    return " ".join([first + "."] + added + [rest])
+    if not spread:
+        return " ".join([first + "."] + added + [rest])
+    gaps = [[] for _ in sentences[1:]]
+    for i, sentence in enumerate(added):
+        gaps[i % len(gaps)].append(sentence)
+    return " ".join([sentences[0]] + [part for gap, s in zip(gaps, sentences[1:]) for part in gap + [s]])
+
 
 # %% ../../nbs/methods/15_midtrain.ipynb #522ec0de
-def needle_examples(tokenizer, records: Sequence[dict], lengths: Sequence[int], seed: int = 0) -> list[dict]:
-    "One example per record: its question stretched to a length drawn from `lengths`, its program body as the completion."
+def needle_examples(tokenizer, records: Sequence[dict], lengths: Sequence[int], seed: int = 0, filler: Sequence[str] = TRAIN_FILLER,
+                    spread: bool = False) -> list[dict]:
+    """One example per record: its question stretched to a length drawn from `lengths` (by default with the training
+    half of the filler, never the test's), its program body as the completion."""
     from slm_bench.methods.tinygsm import program_body
 
     rng = random.Random(seed)
-    return [prompt_completion_example(tokenizer, tinygsm_prompt(stretch(r["question"], rng.choice(list(lengths)), tokenizer, rng)),
+    return [prompt_completion_example(tokenizer, tinygsm_prompt(stretch(r["question"], rng.choice(list(lengths)), tokenizer, rng, filler, spread)),
                                       program_body(r)) for r in records]
 
 # %% ../../nbs/methods/15_midtrain.ipynb #699541f9
-def extend_context(model, factor: int, rope_theta: float):
-    "A copy of `model` whose context is `factor` times longer and whose RoPE base is `rope_theta` (same weights)."
+def extend_context(model, factor: int, rope_theta: float | None = None):
+    """A copy of `model` whose context is `factor` times longer and whose RoPE base is `rope_theta` (None: the model's own,
+    the control for a raised base), same weights."""
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(model.config)
     rope = getattr(config, "rope_parameters", None)
     if not isinstance(rope, dict) or "rope_theta" not in rope:
         raise BadInput(f"{type(model).__name__} has no RoPE base to raise (config.rope_parameters: {rope!r})")
+    rope_theta = rope["rope_theta"] if rope_theta is None else rope_theta
     if factor < 1 or rope_theta <= 0:
         raise BadInput(f"factor must be >= 1 and rope_theta > 0, got {factor} and {rope_theta}")
     config.max_position_embeddings = model.config.max_position_embeddings * factor

@@ -18,7 +18,8 @@ from .pts_stats import PrefixStats, compare, difference_interval, direction
 # %% auto #0
 __all__ = ['FRESH_SEED_OFFSET', 'subdivide', 'pivotal_tokens', 'PTSConfig', 'Question', 'Oracle', 'TaskOracle', 'Estimator',
            'Pivot', 'SolutionSearch', 'settle', 'search_all', 'confirm_pivots', 'PivotPair', 'build_pairs', 'PTSResult',
-           'pivotal_token_search', 'PrefixScan', 'scan_every_prefix', 'pair_records', 'trl_records']
+           'pivotal_token_search', 'ControlPair', 'non_pivotal_positions', 'control_pairs', 'PrefixScan',
+           'scan_every_prefix', 'pair_records', 'trl_records']
 
 # %% ../../nbs/methods/04_pts.ipynb #48025824
 def subdivide(p: Callable, t_prefix: tuple, t: tuple, p_gap: float, split: Callable) -> list[tuple]:
@@ -507,6 +508,67 @@ def pivotal_token_search(sampler, oracle: Oracle, questions: Sequence[Question],
                   programs_judged=estimator.programs_judged + fresh.programs_judged, adaptive_decisions_early=estimator.decisions["early"],
                   adaptive_decisions_at_cap=estimator.decisions["at_cap"], seconds=round(time.perf_counter() - started, 3))
     return PTSResult(config, searches, pairs, counts, screened, estimator, fresh)
+
+# %% ../../nbs/methods/04_pts.ipynb #3e9d88fc
+@dataclass
+class ControlPair:
+    "A single-token pair at a non-pivotal prefix: the solution's own token against the model's likeliest other token."
+    question_id: str
+    prompt_ids: list[int]  # Q + T_full[:position]
+    chosen: int  # T_full[position]
+    rejected: int  # argmax of the model's next-token probabilities over the other tokens
+    prob_chosen: float  # the model's probability of each token at the prefix
+    prob_rejected: float
+    position: int
+    segment: tuple[int, int]  # the unsplit Subdivide segment [i, j) holding the position
+    segment_p: tuple[float, float]  # the search's estimates of p at its two ends (|difference| < p_gap)
+
+
+def non_pivotal_positions(search: SolutionSearch, estimator: Estimator | None = None, open_only: bool = False) -> list[tuple[int, tuple[int, int]]]:
+    """(position, segment) of every token inside a segment Subdivide left unsplit (decision 'below'), pivots excluded; with
+    `open_only`, only segments whose two ends the search estimated strictly between 0 and 1 (the outcome still open, as at a pivot)."""
+    pivots = {p.position for p in search.pivots}
+    ends_open = lambda i, j: all(0 < _segment_p(search, estimator, x) < 1 for x in (i, j))
+    return [(k, (i, j)) for i, j, decision, _ in search.leaves if decision == "below" and (not open_only or ends_open(i, j))
+            for k in range(i, j) if k not in pivots]
+
+
+def _segment_p(search: SolutionSearch, estimator: Estimator, i: int) -> float:
+    "The search's estimate of p at T_full[:i] (nan where it made none)."
+    stats = estimator.memo.known(search.question.id, list(search.question.prompt_ids) + list(search.prefix(i)))
+    return stats.p if stats is not None else float("nan")
+
+
+def control_pairs(result: PTSResult, next_probs: Callable, n: int | None = None, seed: int = 0, open_only: bool = True,
+                  min_alternative: float = 0.0) -> list[ControlPair]:
+    """`n` (default: as many as PTS pairs) single-token pairs at non-pivotal positions of the searched solutions, spread like
+    the PTS pairs: for each PTS pair (cycled), a random position of the same question's solutions, else of any; fewer when none
+    is left. A position qualifies when the model's likeliest other token has probability >= `min_alternative`."""
+    import random
+
+    n = len(result.pairs) if n is None else n
+    rng = random.Random(seed)
+    pools = {}
+    for s in result.searches:
+        pools.setdefault(s.question.id, []).extend((s, k, seg) for k, seg in non_pivotal_positions(s, result.estimator, open_only))
+    targets = [p.question_id for p in result.pairs] or [s.question.id for s in result.searches]
+    pairs = []
+    while len(pairs) < n:
+        pool = pools.get(targets[len(pairs) % len(targets)]) if targets else None
+        if not pool:
+            pool = [x for rest in pools.values() for x in rest]
+            if not pool:
+                break
+        s, k, (i, j) = pool[rng.randrange(len(pool))]
+        pools[s.question.id].remove((s, k, (i, j)))
+        prompt = list(s.question.prompt_ids) + list(s.prefix(k))
+        probs = [float(x) for x in next_probs(prompt)]
+        chosen = s.tokens[k]
+        rejected = max((t for t in range(len(probs)) if t != chosen), key=lambda t: (probs[t], -t))
+        if probs[rejected] >= min_alternative:
+            pairs.append(ControlPair(s.question.id, prompt, chosen, rejected, probs[chosen], probs[rejected], k, (i, j),
+                                     (_segment_p(s, result.estimator, i), _segment_p(s, result.estimator, j))))
+    return pairs
 
 # %% ../../nbs/methods/04_pts.ipynb #56d3b193
 @dataclass

@@ -177,17 +177,19 @@ WORKLOADS: dict[str, Callable[[Mapping[str, dict], dict], Workload]] = {
     "orca_sft": lambda P, p: Workload((_train(p, seq="seq_len", repeats=len(p["students"])), _train(p, steps="weak_steps", seq="seq_len"))),
     "orca_evaluate": lambda P, p: Workload(sample=(_sample((p["test_problems"] + sum(p["real_sets"].values())) * len(P["orca_sft"]["students"]) + p["dialogues"], p),)),
     "pts": lambda P, p: Workload(sample=(_sample(p["questions"] * p["rollouts"], p),)),
-    "dpo": lambda P, p: Workload((_train(p, P=P, pair=True, reference=True, repeats=len(p["betas"])),),
-                                 (_sample((p["dev_problems"] + p["test_problems"]) * p["samples"] * len(p["betas"]), p),)),
-    "workflows": lambda P, p: Workload((_train(p, steps="reversal_steps", batch="reversal_micro_batch_size", P=P),), (
-        _sample((p["plurality_questions"] + p["plurality_dev_questions"]) * p["plurality_samples"] + p["dev_problems"], p),)),
+    "dpo": lambda P, p: Workload((_train(p, P=P, pair=True, reference=True, repeats=len(p["betas"]) + 1),),  # the β candidates and the control
+                                 (_sample((p["dev_problems"] + p["test_problems"]) * p["samples"] * len(p["betas"])
+                                          + 3 * (p["test_problems"] * (1 + p["samples"]) + p["new_template_problems"]), p),)),
+    "workflows": lambda P, p: Workload((_train(p, steps="reversal_steps", batch="reversal_micro_batch_size", P=P, repeats=2),), (  # kept vs as many random pairs
+        _sample((p["plurality_questions"] + p["plurality_dev_questions"]) * p["plurality_samples"] + 3 * p["dev_problems"] + p["reversal_programs"]
+                + p["revision_items"] * (1 + 2 * p["revision_candidates"] * p["revision_rounds"]), p),)),  # revision: both arms, every round at most
     "midtrain": lambda P, p: Workload((_train(p, steps="base_steps", batch="base_micro_batch_size", seq=p["base_context"]),
-                                       _train(p, seq=p["base_context"] * p["factor"])),
-                                      (_sample(2 * (p["recall_problems"] * len(p["recall_lengths"]) + p["short_problems"]), p,
+                                       _train(p, seq=p["base_context"] * p["factor"], repeats=3)),  # natural, concatenated, natural at the original base
+                                      (_sample(5 * p["recall_problems"] * len(p["recall_lengths"]) + 3 * p["short_problems"], p,
                                                max(p["recall_lengths"])),)),
-    "hallucination": lambda P, p: Workload((_train(p, steps="sft_steps", batch="sft_micro_batch_size", P=P),
-                                            _train(p, steps="dpo_steps", batch="dpo_micro_batch_size", P=P, pair=True, reference=True)),
-                                           (_sample(p["questions"] * p["samples"] + p["test_answerable"] + p["test_bogus"], p),)),
+    "hallucination": lambda P, p: Workload((_train(p, steps="sft_steps", batch="sft_micro_batch_size", P=P, repeats=2),  # refusal and replay-only SFT
+                                            _train(p, steps="dpo_steps", batch="dpo_micro_batch_size", P=P, pair=True, reference=True, repeats=3)),
+                                           (_sample(p["questions"] * p["samples"] + 6 * (p["test_answerable"] + p["test_bogus"]), p),)),
     "judge_dpo": lambda P, p: Workload((_train(p, P=P, pair=True, reference=True, repeats=len(p["betas"])),),
                                        (_sample(p["prompts"] * p["samples"] + (p["dev_problems"] + p["test_problems"]) * len(p["betas"]), p),)),
     "mixture_ablations": lambda P, p: Workload((_train(p, seq="seq_len", repeats=len(p["table4"]) + 1),)),  # Table 4's mixtures and Table 3's
@@ -195,6 +197,7 @@ WORKLOADS: dict[str, Callable[[Mapping[str, dict], dict], Workload]] = {
     "verifier": lambda P, p: Workload((_train(p, seq="seq_len"),), (_sample(p["questions"] * p["samples_per_question"], p),)),
     "evaluate": lambda P, p: Workload(sample=(_sample((p["test_problems"] + p["test_ic_problems"] + sum(p["real_sets"].values())) * p["samples"] * 2, p),)),
     "grid": lambda P, p: Workload(sample=(_sample(p["test_problems"] * p["samples"] * 4, p),)),
+    "validated_sft": lambda P, p: Workload((_train(P["sft"], seq="seq_len"),), (_sample(2 * (p["test_problems"] + p["new_template_problems"]), p),)),
     **{name: (lambda P, p: Workload()) for name in ("environment", "synth", "curate", "mixture", "explanations")},
 }
 
