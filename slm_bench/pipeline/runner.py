@@ -532,7 +532,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
     for name, stage in plan.stages.items():
         manifest = read_json(options.run_dir / name / MANIFEST, None) or {}
         stages.append({
-            "name": name, "recipe": stage.recipe, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
+            "name": name, "recipe": stage.recipe, "on_request": stage.on_request, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
             "status": manifest.get("status", "missing"), "action": actions.get(name, "not selected"),
             "duration_s": manifest.get("duration_s"), "peak_rss_bytes": manifest.get("peak_rss_bytes"), "finished": manifest.get("finished"),
             "metrics": manifest.get("metrics", {}), "key_metrics": list(stage.key_metrics),

@@ -44,17 +44,19 @@ def scorecard_json(ledger: Ledger, run: dict | None = None) -> dict:
 
 
 def run_facts(run_dir: Path | str) -> dict:
-    "Where a run's numbers come from: run id, profile, the commit of the code, the CPU, torch, and when it finished."
+    "Where a run's numbers come from: run id, profile, commit, CPU, torch, when its last stage finished, and its on-request stages."
     run_dir = Path(run_dir)
     summary = read_json(run_dir / SUMMARY, {})
     manifests = [read_json(run_dir / e["name"] / MANIFEST, None) or {} for e in summary.get("stages", [])]
     facts = next((m["determined_by"] for m in manifests if isinstance(m.get("determined_by"), dict) and "cpu" in m["determined_by"]), {})
     versions = next((m["versions"] for m in manifests if m.get("versions")), {})
     code = summary.get("code") or {}
+    finished = [e for e in summary.get("stages", []) if e.get("status") == "ok" and e.get("finished")]
     return {"run_id": summary.get("run_id"), "profile": summary.get("profile"), "status": summary.get("status"),
             "commit": code.get("commit"), "uncommitted_changes": code.get("dirty"), "cpu": facts.get("cpu", {}).get("model"),
             "cpu_flags": facts.get("cpu", {}).get("flags"), "logical_cores": facts.get("logical_cores"), "torch": versions.get("torch"),
-            "started": summary.get("started"), "finished": summary.get("updated"),
+            "finished": max((e["finished"] for e in finished), default=summary.get("updated")),
+            "on_request_stages": {e["name"]: {"recipe": e.get("recipe"), "finished": e["finished"]} for e in finished if e.get("on_request")},
             "published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 # %% ../../nbs/pipeline/11_scorecard.ipynb #943fed76
@@ -83,6 +85,7 @@ def scorecard_markdown(card: dict) -> str:
              f"{total['expected_false_reproduced']:g} would read *reproduced* by chance. Effects are experiment − control on the same "
              "items (points for rates, paired bootstrap intervals); *new templates* is the same effect on test problems phrased in "
              "templates no training set uses.", ""]
+    on_request = run.get("on_request_stages") or {}
     for paper in ledger.papers():
         c = ledger.counts(paper)
         lines += [f"**{paper}**: {c['total']} findings — " + ", ".join(f"{c[v]} {VERDICT_WORDS[v]}" for v in VERDICTS) + f"; {c['checks']} checks.", "",
@@ -91,7 +94,8 @@ def scorecard_markdown(card: dict) -> str:
             against = f.control if f.control is not None else f"no control: {f.comparison}" if f.comparison else "no control"
             effect = f.not_testable if f.not_testable else effect_text(f.effect, f.percent)
             held_out = f"{effect_text(f.held_out, f.percent)} ({VERDICT_WORDS[f.held_out_verdict]})" if f.held_out_verdict else ""
-            lines.append(f"| {VERDICT_WORDS[f.verdict]} | {_cell(claim_text(f.claim, f.percent))} ({_cell(f.claim.where)}) | {_cell(f.experiment)} − {_cell(against)} "
+            source = f" (from on-request recipe `{on_request[f.stage]['recipe']}`: `make run RECIPE={on_request[f.stage]['recipe']}`)" if f.stage in on_request else ""
+            lines.append(f"| {VERDICT_WORDS[f.verdict]} | {_cell(claim_text(f.claim, f.percent))} ({_cell(f.claim.where)}) | {_cell(f.experiment)} − {_cell(against)}{source} "
                          f"| {_cell(effect)} | {_cell(held_out)} | {_cell(f.claim.paper_effect)} |")
         lines.append("")
     if ledger.checks:
