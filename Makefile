@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help setup js-assets sandbox-deps run profile ablation-validate test test-slow check-sync nbdev-test pytest lab bench export report clean-runs
+.PHONY: help setup js-assets sandbox-deps run replicate profile ablation-validate test test-slow check-sync nbdev-test pytest lab bench export report clean-runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,6 +17,8 @@ RUN ?= runs/$(PROFILE)
 RECIPE ?=
 # independent stages run side by side, sharing the cores (slm-bench run --jobs; 1: one by one)
 JOBS ?= 2
+# make replicate: how many training seeds (replicate 0 is the plain run)
+SEEDS ?= 3
 HTML_MANAGER ?= @jupyter-widgets/html-manager@1.0.15
 REQUIREJS ?= requirejs@2.3.8
 JS_DIR := $(VENV)/share/slm-bench/js
@@ -29,6 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make run      run every recipe on the embedded tiny world (CPU) and print the report path"
 	@echo "make run RECIPE=phi4   one recipe (and the stages it needs)"
+	@echo "make replicate SEEDS=3   every recipe with 3 training seeds on the same data (runs/tiny-replicate); slm-bench findings pools them"
 	@echo "make ablation-validate   TinyGSM's unchecked SFT data against the same SFT on validated solutions (= make run RECIPE=tinygsm-ablations)"
 	@echo "make test     notebook/library sync check, nbdev_test, then pytest (all but the slow integration tests)"
 	@echo "make test-slow   the slow integration tests: the smoke profile end to end, through Slurm, JupyterLab in a browser"
@@ -74,6 +77,11 @@ sandbox-deps:
 
 run: $(STAMP) sandbox-deps
 	$(BIN)/slm-bench run --profile $(PROFILE) --jobs $(JOBS) $(if $(RECIPE),--recipe $(RECIPE))
+
+# The same run with SEEDS training seeds on the same data: one run folder per replicate under runs/$(PROFILE)-replicate, the
+# data stages computed once; `slm-bench findings runs/$(PROFILE)-replicate` pools the findings over the seeds.
+replicate: $(STAMP) sandbox-deps
+	$(BIN)/slm-bench replicate --seeds $(SEEDS) --profile $(PROFILE) --jobs $(JOBS) $(if $(RECIPE),--recipe $(RECIPE))
 
 test: $(STAMP) sandbox-deps
 	$(BIN)/python tests/nbdev_sync.py

@@ -16,7 +16,7 @@ from .metrics import paired_difference_ci
 from .table import BenchmarkTable, Estimate
 
 # %% auto #0
-__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger', 'effect_text', 'claim_text']
+__all__ = ['VERDICTS', 'VERDICT_WORDS', 'verdict_of', 'Finding', 'Check', 'Ledger', 'effect_text', 'seeds_text', 'claim_text']
 
 # %% ../../nbs/evals/08_findings.ipynb #f28812d9
 VERDICTS = ("reproduced", "contradicted", "inconclusive", "not_testable", "without_control")
@@ -47,6 +47,9 @@ class Finding:
     not_testable: str = ""  # why the claim cannot be tested here
     stage: str = ""
     percent: bool = True  # the effect is a difference of rates (shown in points)
+    differences: list[float] | None = None  # per item, experiment − control (what pools replicated runs: `evals.seeds`)
+    held_out_differences: list[float] | None = None  # the same on the new-template split
+    seeds: list[dict] | None = None  # a finding pooled over replicates: each seed's `effect` and `verdict`, in seed order
 
     def __post_init__(self):
         where = f"finding {self.id!r} ({self.claim.id})"
@@ -66,7 +69,9 @@ class Finding:
         "A finding from per-item scores `(experiment, control)` on the same items (and on the new-template split)."
         effect = paired_difference_ci(*scores)
         held_out = paired_difference_ci(*held_out_scores) if held_out_scores is not None else None
-        return cls(id, claim, experiment, control, effect=effect, held_out=held_out, **fields)
+        per_item = lambda pair: [round(float(x) - float(y), 6) for x, y in zip(*pair)]
+        return cls(id, claim, experiment, control, effect=effect, held_out=held_out, differences=per_item(scores),
+                   held_out_differences=per_item(held_out_scores) if held_out_scores is not None else None, **fields)
 
     @property
     def verdict(self) -> str:
@@ -84,9 +89,15 @@ class Finding:
             return None
         return verdict_of(self.held_out, self.claim.direction, self.claim.margin)
 
-    def to_json(self) -> dict:
-        "Plain JSON; the verdicts are written for readers but never read back."
-        return {**asdict(self), "claim": asdict(self.claim), "verdict": self.verdict, "held_out_verdict": self.held_out_verdict}
+    @property
+    def seeds_held(self) -> int | None:
+        "In how many seeds of a pooled finding the seed's own interval reproduced the claim (None: not pooled)."
+        return None if self.seeds is None else sum(s["verdict"] == "reproduced" for s in self.seeds)
+
+    def to_json(self, items: bool = True) -> dict:
+        "Plain JSON (`items=False`: without the per-item differences); the verdicts are written for readers but never read back."
+        data = {**asdict(self), "claim": asdict(self.claim), "verdict": self.verdict, "held_out_verdict": self.held_out_verdict}
+        return data if items else {k: v for k, v in data.items() if k not in ("differences", "held_out_differences")}
 
     @classmethod
     def from_json(cls, data: dict) -> "Finding":
@@ -147,6 +158,16 @@ class Ledger:
         seen = {f.claim.paper for f in self.findings} | {c.paper for c in self.checks}
         return [p for p in PAPERS if p in seen]
 
+    def seed_counts(self, paper: str | None = None) -> dict | None:
+        "For a ledger pooled over seeds: how many tested findings held in every seed, in some, in none (None: not pooled)."
+        pooled = [f for f in self.findings if (paper is None or f.claim.paper == paper) and f.seeds is not None
+                  and f.verdict not in ("not_testable", "without_control")]
+        if not pooled:
+            return None
+        held = [(f.seeds_held, len(f.seeds)) for f in pooled]
+        return {"all": sum(k == n for k, n in held), "some": sum(0 < k < n for k, n in held), "none": sum(k == 0 for k, _ in held),
+                "seeds": max(n for _, n in held)}
+
     def counts(self, paper: str | None = None) -> dict:
         "total, one count per verdict, tested, expected_false_reproduced and checks (of one paper, or all)."
         findings = [f for f in self.findings if paper is None or f.claim.paper == paper]
@@ -155,8 +176,9 @@ class Ledger:
         return {**counts, "tested": tested, "expected_false_reproduced": round(0.025 * tested, 2),
                 "checks": sum(paper is None or c.paper == paper for c in self.checks)}
 
-    def to_json(self) -> dict:
-        return {"findings": [f.to_json() for f in self.findings], "checks": [c.to_json() for c in self.checks]}
+    def to_json(self, items: bool = True) -> dict:
+        "Plain JSON; `items=False` leaves out the findings' per-item differences (a published scorecard)."
+        return {"findings": [f.to_json(items) for f in self.findings], "checks": [c.to_json() for c in self.checks]}
 
     @classmethod
     def from_json(cls, data: dict) -> "Ledger":
@@ -167,7 +189,15 @@ def effect_text(effect: dict | None, percent: bool) -> str:
     if effect is None:
         return ""
     estimate = Estimate(effect["difference"], effect["ci_low"], effect["ci_high"], effect.get("n"), percent)
-    return estimate.text(signed=True) + (f" (n={effect['n']})" if effect.get("n") else "")
+    seeds = f", {effect['seeds']} seeds" if effect.get("seeds") else ""
+    return estimate.text(signed=True) + (f" (n={effect['n']}{seeds})" if effect.get("n") else f" ({effect['seeds']} seeds)" if seeds else "")
+
+
+def seeds_text(finding: "Finding") -> str:
+    "'held in k of K seeds' for a pooled finding that was tested, else ''."
+    if finding.seeds is None or finding.verdict in ("not_testable", "without_control"):
+        return ""
+    return f"held in {finding.seeds_held} of {len(finding.seeds)} seeds"
 
 
 def claim_text(claim: Claim, percent: bool = True) -> str:
@@ -197,6 +227,8 @@ def _scorecard(self: Ledger, paper: str) -> BenchmarkTable:
         table.add_text(f.id, "verdict", VERDICT_WORDS[f.verdict])
         table.add_text(f.id, "new templates", effect_text(f.held_out, f.percent))
         table.add_text(f.id, "verdict, new templates", VERDICT_WORDS.get(f.held_out_verdict, "") if f.held_out_verdict else "")
+        if f.seeds is not None:
+            table.add_text(f.id, "seeds", seeds_text(f))
         table.add_text(f.id, "paper", f.claim.paper_effect)
     return table
 
@@ -222,11 +254,14 @@ def _text(self: Ledger) -> str:
     for paper in self.papers():
         c = self.counts(paper)
         lines.append(f"{paper}: {c['total']} findings — " + ", ".join(f"{c[v]} {VERDICT_WORDS[v]}" for v in VERDICTS) + f"; {c['checks']} checks")
+        if (held := self.seed_counts(paper)) is not None:
+            lines.append(f"  of the tested, held in all {held['seeds']} seeds: {held['all']}; in some: {held['some']}; in none: {held['none']}")
         for f in (f for f in self.findings if f.claim.paper == paper):
             effect = f.not_testable if f.not_testable else effect_text(f.effect, f.percent)
             against = f.control if f.control is not None else f"(no control) {f.comparison}"
             held_out = f"; new templates {effect_text(f.held_out, f.percent)} {f.held_out_verdict}" if f.held_out_verdict else ""
-            lines.append(f"  {VERDICT_WORDS[f.verdict]:<18} {f.id}: {f.experiment} − {against}: {effect}{held_out}  [{f.claim.where}]")
+            seeds = f"; {seeds_text(f)}" if seeds_text(f) else ""
+            lines.append(f"  {VERDICT_WORDS[f.verdict]:<18} {f.id}: {f.experiment} − {against}: {effect}{held_out}{seeds}  [{f.claim.where}]")
     total = self.counts()
     lines.append(f"all papers: {total['total']} findings, {total['tested']} tested at 95% (about {total['expected_false_reproduced']:g} "
                  f"false 'reproduced' expected by chance); " + ", ".join(f"{total[v]} {VERDICT_WORDS[v]}" for v in VERDICTS))

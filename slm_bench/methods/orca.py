@@ -315,25 +315,28 @@ def follow_ups(problems: Sequence, seed: int = 0) -> list[tuple[str, float]]:
     return [follow_up(p, rng.randint(2, 9)) for p in problems]
 
 
-def second_turns(sampler, problems: Sequence, first: Sequence[dict], system: str, seed: int = 0, max_new_tokens: int = 200) -> list[dict]:
-    "Each dialogue's second turn, asked after the student's own first answer: question, answer and gold."
+def second_turns(sampler, problems: Sequence, first: Sequence[dict], system: str, seed: int = 0, max_new_tokens: int = 200, *,
+                 train_seed: int | None = None) -> list[dict]:
+    """Each dialogue's second turn, asked after the student's own first answer: question, answer and gold. `seed` draws the
+    follow-ups (the items), `train_seed` the sampler's draws (None: `seed`)."""
     from slm_bench.infer.sampling import SamplingParams
 
     asks = follow_ups(problems, seed)
     prompts = [[{"role": "system", "content": system}, {"role": "user", "content": p.question}, {"role": "assistant", "content": f["answer"]},
                 {"role": "user", "content": q}] for p, f, (q, _) in zip(problems, first, asks)]
-    groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))
+    groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed if train_seed is None else train_seed))
     return [{"question": q, "answer": g[0].text, "gold": gold} for (q, gold), g in zip(asks, groups)]
 
 
-def one_turn_follow_ups(sampler, problems: Sequence, system: str, seed: int = 0, max_new_tokens: int = 200) -> list[dict]:
+def one_turn_follow_ups(sampler, problems: Sequence, system: str, seed: int = 0, max_new_tokens: int = 200, *,
+                        train_seed: int | None = None) -> list[dict]:
     """The second turns' control: each follow-up (the same k, the same gold) appended to its problem and asked in ONE
-    first turn, so the task is the second turn's and only the conversation differs."""
+    first turn, so the task is the second turn's and only the conversation differs. `seed` and `train_seed` as in `second_turns`."""
     from slm_bench.infer.sampling import SamplingParams
 
     asks = [(f"{p.question}\n{q}", gold) for p, (q, gold) in zip(problems, follow_ups(problems, seed))]
     prompts = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q, _ in asks]
-    groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))
+    groups = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=seed if train_seed is None else train_seed))
     return [{"question": q, "answer": g[0].text, "gold": gold} for (q, gold), g in zip(asks, groups)]
 
 # %% ../../nbs/methods/14_orca.ipynb #bac30daf

@@ -17,9 +17,9 @@ from ..core.paths import find_project_root, project_root, resolve_path
 
 # %% auto #0
 __all__ = ['BENCHMARKS', 'default_pipeline_dir', 'default_run_dir', 'default_report_dir', 'cmd_stages', 'cmd_recipes',
-           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_report', 'cmd_compare', 'cmd_findings', 'cmd_readme',
-           'cmd_lab', 'cmd_serve', 'cmd_score', 'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench', 'cmd_stacks',
-           'build_parser', 'main']
+           'cmd_profiles', 'cmd_presets', 'cmd_run', 'cmd_replicate', 'cmd_report', 'cmd_compare', 'cmd_findings',
+           'cmd_readme', 'cmd_lab', 'cmd_serve', 'cmd_score', 'cmd_plan', 'cmd_submit', 'cmd_status', 'cmd_bench',
+           'cmd_stacks', 'build_parser', 'main']
 
 # %% ../../nbs/pipeline/07_cli.ipynb #6c7d1c38
 def default_pipeline_dir(explicit: str | None) -> Path:
@@ -120,23 +120,45 @@ def _name_list(text: str | None, option: str, example: str) -> list[str] | None:
     return names
 
 
+def _run_options(args, run_dir: Path):
+    "The `RunOptions` that `run` and `replicate` share."
+    from slm_bench.pipeline.runner import RunOptions, run_command_line
+
+    return RunOptions(
+        pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=run_dir,
+        report_dir=None if args.no_report else default_report_dir(args.report_dir), profile=args.profile,
+        stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [],
+        force=args.force, cell_timeout=args.cell_timeout, stall_timeout=args.stall_timeout or None, jobs=args.jobs,
+        progress=sys.stderr.isatty() if args.progress is None else args.progress, command=run_command_line(),
+        lock_stages=getattr(args, "lock", "run") == "stages",
+    )
+
+
 def cmd_run(args) -> int:
     "Validate the request (exit 2 and nothing written if bad), then execute the stages."
     from slm_bench.infer.backend import check_backend_installed
-    from slm_bench.pipeline.runner import RunOptions, plan_run, run_command_line, run_pipeline
+    from slm_bench.pipeline.runner import plan_run, run_pipeline
 
-    options = RunOptions(
-        pipeline_dir=default_pipeline_dir(args.pipeline), run_dir=default_run_dir(args.run_dir, args.profile),
-        report_dir=None if args.no_report else default_report_dir(args.report_dir), profile=args.profile,
-        stages=_name_list(args.stages, "--stages", "environment"), recipes=_name_list(args.recipe, "--recipe", "phi4"), sets=args.set or [], force=args.force, cell_timeout=args.cell_timeout,
-        stall_timeout=args.stall_timeout or None, jobs=args.jobs,
-        progress=sys.stderr.isatty() if args.progress is None else args.progress, command=run_command_line(),
-        lock_stages=args.lock == "stages",
-    )
+    options = _run_options(args, default_run_dir(args.run_dir, args.profile))
     plan = plan_run(options)
     check_backend_installed(plan.engine["sample.backend"])  # the stages sample here (submit leaves this to each job's node)
     run_pipeline(plan, log=lambda line: print(line, flush=True))
     return 0
+
+
+def cmd_replicate(args) -> int:
+    "Run the request K times with K training seeds on the same data (`pipeline.replicate`); the pooled scorecard is `slm-bench findings ROOT`."
+    from slm_bench.core.config import engine_settings, get_profile
+    from slm_bench.infer.backend import check_backend_installed
+    from slm_bench.pipeline.replicate import run_replicates
+
+    root = resolve_path(args.root) if args.root else _base() / "runs" / f"{args.profile}-replicate"
+    template = _run_options(args, root)
+    check_backend_installed(engine_settings(get_profile(args.profile), template.sets)["sample.backend"])
+    run_replicates(template, args.seeds, root, vary_data=args.vary_data, log=lambda line: print(line, flush=True))
+    print(f"replicated run: {root} (pooled findings: slm-bench findings {root})")
+    return 0
+
 
 # %% ../../nbs/pipeline/07_cli.ipynb #e0c3bb55
 def cmd_report(args) -> int:
@@ -158,7 +180,12 @@ def cmd_compare(args) -> int:
     if args.kept:
         if len(run_dirs) != 2:
             raise BadInput(f"--kept compares two runs, the slower then the faster; got {len(run_dirs)} run folder(s)")
+        from slm_bench.pipeline.replicate import is_replicated, replicate_members
+
         checked, shifts = results_kept(*run_dirs)
+        if is_replicated(run_dirs[0]):
+            print(f"the slower side is a replicated run of {len(replicate_members(run_dirs[0]))} seeds: each result judged on where "
+                  "one more seed would land (pipeline.compare.seed_interval)")
         print(kept_text(checked, shifts))
         return 1 if shifts else 0
     tables = compare_runs(run_dirs)
@@ -173,13 +200,14 @@ def cmd_compare(args) -> int:
 # %% ../../nbs/pipeline/07_cli.ipynb #00327f93
 def cmd_findings(args) -> int:
     "A run's scorecard: each paper's findings with computed verdicts, the checks apart (`--json`: counts and ledger; `--publish DIR`)."
+    from slm_bench.pipeline.replicate import is_replicated, read_replicated_ledger
     from slm_bench.pipeline.scorecard import publish, read_ledger, scorecard_json
 
     run_dir = resolve_path(args.run_dir)
     if args.publish:
         print(f"published: {publish(run_dir, resolve_path(args.publish))}")
         return 0
-    ledger = read_ledger(run_dir)
+    ledger = read_replicated_ledger(run_dir) if is_replicated(run_dir) else read_ledger(run_dir)
     print(json.dumps(scorecard_json(ledger), indent=1) if args.json else ledger.text() if ledger.findings or ledger.checks
           else f"{run_dir}: no findings recorded (run the recipes: make run)")
     return 0
@@ -188,12 +216,14 @@ def cmd_findings(args) -> int:
 def cmd_readme(args) -> int:
     "Render the README's results section from a published scorecard (`--check`: exit 1 when the README differs from it)."
     from slm_bench.core.store import atomic_write_text
-    from slm_bench.pipeline.scorecard import render_readme
+    from slm_bench.pipeline.scorecard import PUBLISHED, render_readme
 
     readme, results = resolve_path(args.readme), resolve_path(args.results)
     if not results.is_file():
         raise BadInput(f"{results} does not exist: publish a run first (slm-bench findings runs/tiny --publish {results.parent})")
-    rendered = render_readme(readme.read_text(encoding="utf-8"), json.loads(results.read_text(encoding="utf-8")))
+    published = results.parent / PUBLISHED  # the table of published runs, where one has been published
+    rendered = render_readme(readme.read_text(encoding="utf-8"), json.loads(results.read_text(encoding="utf-8")),
+                             json.loads(published.read_text(encoding="utf-8")) if published.is_file() else None)
     if args.check:
         same = rendered == readme.read_text(encoding="utf-8")
         print(f"{readme}: {'matches' if same else 'differs from'} {results}" + ("" if same else " (run slm-bench readme)"))
@@ -523,6 +553,22 @@ def _add_run_commands(sub) -> None:
                    help="what this run holds: the whole run folder (default), or only its selected stages (the jobs of `slm-bench submit`)")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("replicate", help="the run K times with K training seeds on the same data (each replicate a run folder; "
+                                         "the data stages shared); `slm-bench findings ROOT` pools their findings")
+    _add_selection_options(p)
+    p.add_argument("--seeds", type=int, required=True, help="how many replicates (training seeds); replicate 0 is the plain run")
+    p.add_argument("--root", help="folder of the replicates (default: runs/<profile>-replicate)")
+    p.add_argument("--vary-data", action="store_true", help="vary the data too: replicate r runs with --set seed=r and shares nothing")
+    p.add_argument("--report-dir", help="reports folder; replicate r's report goes to <report-dir>/<root name>/replicate-r/ (default: reports)")
+    p.add_argument("--no-report", action="store_true", help="skip HTML rendering")
+    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
+    p.add_argument("--force", action="store_true", help="rerun the selected stages even if cached")
+    p.add_argument("--cell-timeout", type=float, help="fail a stage whose cell runs longer than this many seconds")
+    p.add_argument("--stall-timeout", type=float, default=600.0, help="stop and rerun once a stage whose kernel used no CPU this long (default 600)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar")
+    p.add_argument("--jobs", type=int, default=1, help="independent stages run at once, sharing the cores (default 1)")
+    p.set_defaults(func=cmd_replicate)
+
     p = sub.add_parser("report", help="re-render a run's HTML report")
     p.add_argument("run_dir", help="the run folder (holding summary.json)")
     p.add_argument("--report-dir", help="reports folder (default: reports)")
@@ -533,11 +579,12 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--out", help="the HTML file to write (default: <report-dir>/compare/<runs>.html)")
     p.add_argument("--report-dir", help="reports folder (default: reports)")
     p.add_argument("--kept", action="store_true", help="SLOWER FASTER: did the faster run keep every result (each value inside "
-                   "the slower run's interval, each paired difference's direction)? Exits 1 when one moved")
+                   "the slower run's interval, each paired difference's direction; against a replicated SLOWER, inside its "
+                   "seed-level interval)? Exits 1 when one moved")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("findings", help="a run's scorecard: each paper's findings (claim, control, paired effect, computed verdict), checks apart")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder, or a replicated run's root (its findings pooled over the seeds)")
     p.add_argument("--json", action="store_true", help="print the counts (total, reproduced, contradicted, inconclusive, not_testable, without_control, checks) and the ledger as JSON")
     p.add_argument("--publish", metavar="DIR", help="write DIR/scorecard.json with the run's facts (what `slm-bench readme` renders)")
     p.set_defaults(func=cmd_findings)

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..core.errors import BadInput
 from ..core.store import atomic_write_text, read_json
 from ..evals.table import BenchmarkTable, Estimate, load_table, merge_tables
@@ -17,8 +19,8 @@ from .context import TABLES
 from .context import SUMMARY
 
 # %% auto #0
-__all__ = ['read_run', 'metrics_table', 'run_labels', 'compare_runs', 'ResultShift', 'results_kept', 'kept_text',
-           'compare_markdown', 'compare_page']
+__all__ = ['read_run', 'metrics_table', 'run_labels', 'compare_runs', 'ResultShift', 'results_kept', 'kept_text', 'seed_interval',
+           'seed_results_kept', 'compare_markdown', 'compare_page']
 
 # %% ../../nbs/pipeline/05_compare.ipynb #ef4ce627
 def read_run(run_dir: Path | str) -> tuple[dict, dict[str, BenchmarkTable]]:
@@ -125,7 +127,12 @@ def _shift(table: str, place: tuple, slower: Estimate, faster: Estimate | None, 
 def results_kept(slower: Path | str, faster: Path | str) -> tuple[int, list[ResultShift]]:
     """How many of the slower run's results (table cells and paired differences with an interval) were checked, and
     the ones the faster run did not keep: its value outside the slower run's interval, a difference whose direction
-    changed, or a result it lacks. `BadInput` when the slower run has no result with an interval."""
+    changed, or a result it lacks. A replicated slower run (`slm-bench replicate`) is judged on seed-level intervals
+    instead (`seed_results_kept`). `BadInput` when the slower run has no result with an interval."""
+    from slm_bench.pipeline.replicate import is_replicated
+
+    if is_replicated(slower):
+        return seed_results_kept(slower, faster)
     _, old = read_run(slower)
     _, new = read_run(faster)
     checked, shifts = 0, []
@@ -157,6 +164,44 @@ def kept_text(checked: int, shifts: list[ResultShift]) -> str:
         lines.append(f"  {s.how:9s} {s.table}: {where}: slower {s.slower.text(signed=paired, with_n=True)}, faster {faster}")
     return "\n".join(lines)
 
+
+# %% ../../nbs/pipeline/05_compare.ipynb #e27ad165
+def seed_interval(estimates: list[Estimate], alpha: float = 0.05) -> Estimate:
+    "Where one more seed's run would land, from K ≥ 2 seeds' estimates of one result: mean ± √((t·s·√(1+1/K))² + mean half-width²)."
+    from scipy.stats import t
+
+    values = [e.value for e in estimates]
+    if len(values) < 2:
+        raise BadInput(f"a seed-level interval needs at least 2 seeds' estimates, got {len(values)}")
+    spread = t.ppf(1 - alpha / 2, len(values) - 1) * float(np.std(values, ddof=1)) * math.sqrt(1 + 1 / len(values))
+    half = math.hypot(spread, float(np.mean([(e.high - e.low) / 2 for e in estimates])))
+    mean = float(np.mean(values))
+    return Estimate(mean, mean - half, mean + half, estimates[0].n, estimates[0].percent)
+
+
+def seed_results_kept(replicated: Path | str, faster: Path | str) -> tuple[int, list[ResultShift]]:
+    "`results_kept` against a replicated slower run: each result with an interval in every seed, judged on its `seed_interval`."
+    from slm_bench.pipeline.replicate import replicate_members
+
+    seeds = [read_run(member)[1] for member in replicate_members(replicated)]
+    _, new = read_run(faster)
+    checked, shifts = 0, []
+    for name, table in seeds[0].items():
+        other = new.get(name) or BenchmarkTable(name)
+        for paired, kind in ((False, "cells"), (True, "differences")):
+            for place, estimate in getattr(table, kind).items():
+                estimates = [getattr(s[name], kind).get(place) if name in s else None for s in seeds]
+                if not all(_has_interval(e) for e in estimates):
+                    continue
+                checked += 1
+                interval, found = (seed_interval(estimates) if len(estimates) > 1 else estimate), getattr(other, kind).get(place)
+                if found is None or math.isnan(found.value):
+                    shifts.append(ResultShift(name, place, interval, None, "missing"))
+                elif not interval.low - 1e-9 <= found.value <= interval.high + 1e-9:
+                    shifts.append(ResultShift(name, place, interval, found, "outside"))
+    if not checked:
+        raise BadInput(f"{replicated} has no results with an interval in every seed to check")
+    return checked, shifts
 
 # %% ../../nbs/pipeline/05_compare.ipynb #a49ad447
 def compare_markdown(tables: dict[str, BenchmarkTable]) -> str:

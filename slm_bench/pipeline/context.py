@@ -20,8 +20,9 @@ from ..core.paths import resolve_path
 from ..core.store import atomic_write_bytes, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['MANIFEST', 'SUMMARY', 'METRICS', 'FINDINGS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'METRICS_MIME',
-           'NUMERIC_CPU_FLAGS', 'format_metric', 'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
+__all__ = ['MANIFEST', 'SUMMARY', 'METRICS', 'FINDINGS', 'TABLES', 'EXECUTED_NOTEBOOK', 'ATTEMPT', 'RUNTIME', 'REPLICATE_ENV',
+           'METRICS_MIME', 'REPLICATE_SEED_STRIDE', 'NUMERIC_CPU_FLAGS', 'replicate_seed', 'format_metric',
+           'StageContext', 'runtime_facts', 'open_stage', 'metrics_table_html']
 
 # %% ../../nbs/pipeline/01_context.ipynb #55693bb9
 MANIFEST = "manifest.json"  # written last, only by the runner: its presence with status "ok" means finished
@@ -32,7 +33,18 @@ TABLES = "tables"  # the benchmark tables a stage showed with `StageContext.show
 EXECUTED_NOTEBOOK = "notebook.ipynb"  # the executed copy of the stage notebook
 ATTEMPT = ".attempt.json"  # the runner's note of an attempt in progress (cache key, attempt count)
 RUNTIME = ".runtime.json"  # what the stage's kernel saw that decides its numbers (threads, CPU, hash seed); the runner moves it into the manifest
+REPLICATE_ENV = "SLM_BENCH_REPLICATE"  # the replicate number the runner gives a stage's kernel (absent or 0: a plain run)
 METRICS_MIME = "application/vnd.slm-bench.metrics+json"
+
+# %% ../../nbs/pipeline/01_context.ipynb #44c953e5
+REPLICATE_SEED_STRIDE = 1_000_033  # ours: a prime far above the offsets stages add to their seed for data (and not the samplers' 1_000_003)
+
+
+def replicate_seed(seed: int, replicate: int) -> int:
+    "The training seed of replicate `replicate` for a stage whose `seed` parameter is `seed`."
+    if replicate < 0:
+        raise BadInput(f"a replicate is numbered from 0, got {replicate}")
+    return seed + REPLICATE_SEED_STRIDE * replicate
 
 # %% ../../nbs/pipeline/01_context.ipynb #4df889cc
 def format_metric(value: Any) -> str:
@@ -51,6 +63,13 @@ class StageContext:
     inputs: tuple[str, ...]
     attempt: int = 1  # >1 when the runner resumed an interrupted attempt in the same folder
     sandboxes_before: int = 0  # sandboxes this process opened before the stage (its metrics name only its own)
+    seed: int = 0  # the stage's `seed` parameter: what builds its data (test sets, prompts, a teacher's draws)
+    replicate: int = 0  # which replicate of a replicated run this is (0: a plain run)
+
+    @property
+    def train_seed(self) -> int:
+        "The seed of the training noise (initialisation, data order, sampling draws): `seed` itself in a plain run, another per replicate."
+        return replicate_seed(self.seed, self.replicate)
 
     @property
     def resumed(self) -> bool:
@@ -110,20 +129,30 @@ def runtime_facts(hash_seed: str | None = None) -> dict:
             "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "cuda": torch.version.cuda}
 
 # %% ../../nbs/pipeline/01_context.ipynb #0de3802a
+def _replicate_from_environment() -> int:
+    "The replicate number the runner set (`REPLICATE_ENV`), 0 when unset."
+    text = os.environ.get(REPLICATE_ENV, "").strip() or "0"
+    if not text.isdigit():
+        raise BadInput(f"{REPLICATE_ENV} must be a replicate number (0, 1, ...), got {text!r}")
+    return int(text)
+
+
 def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "", seed: int | None = None) -> StageContext:
-    "The context for the stage declared by `declaration` (its STAGE dict); creates its folder and seeds RNGs if `seed` is given."
+    """The context for the stage declared by `declaration` (its STAGE dict); creates its folder and, given `seed`, seeds the
+    global generators with the replicate's training seed (`replicate_seed`)."""
     name = declaration["name"]
     run_path = resolve_path(run_dir)
     folder = resolve_path(out_dir) if str(out_dir) else run_path / name
     folder.mkdir(parents=True, exist_ok=True)
     hash_seed = os.environ.get("PYTHONHASHSEED")  # before seed_everything sets it for later subprocesses
+    replicate = _replicate_from_environment()
     if seed is not None:
-        seed_everything(seed)
-    atomic_write_json(folder / RUNTIME, runtime_facts(hash_seed))
+        seed_everything(replicate_seed(seed, replicate))
+    atomic_write_json(folder / RUNTIME, {**runtime_facts(hash_seed), "replicate": replicate})
     attempt = read_json(folder / ATTEMPT, {}).get("attempt", 1)
     from slm_bench.evals.sandbox import OPENED
 
-    return StageContext(name, run_path, folder, tuple(declaration.get("inputs", ())), attempt, len(OPENED))
+    return StageContext(name, run_path, folder, tuple(declaration.get("inputs", ())), attempt, len(OPENED), seed or 0, replicate)
 
 # %% ../../nbs/pipeline/01_context.ipynb #b8aa6f3b
 def _save_json(self: StageContext, relative: str | Path, obj: Any) -> None:

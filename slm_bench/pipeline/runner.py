@@ -22,7 +22,7 @@ from typing import Any, Callable
 import nbformat
 
 from ..core.config import ENGINE_SETTINGS, SPEED_ONLY_SETTINGS, Profile, engine_environment, engine_settings, get_profile, resolve_parameters
-from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, RUNTIME, SUMMARY, format_metric
+from .context import ATTEMPT, EXECUTED_NOTEBOOK, MANIFEST, METRICS, REPLICATE_ENV, RUNTIME, SUMMARY, format_metric
 from ..core.errors import BadInput, SlmBenchError, StageFailed, StageRefusedInput
 from ..core.paths import find_project_root, package_dir, package_versions, source_commit
 from .schedule import CoreShare, available_cores, next_starts, share_cores, start_order
@@ -31,10 +31,11 @@ from ..core.store import atomic_write_json, hash_tree, read_json, sha256_bytes, 
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'LOCK', 'MissingOutputs', 'KernelStalled', 'RunInterrupted', 'ensure_kernel', 'RunOptions', 'Plan',
-           'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'key_params', 'locate_failed_cell',
-           'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch', 'kernel_environment',
-           'interrupt_stops_kernels', 'stall_watchdog', 'memory_peak', 'execute_stage', 'build_summary', 'run_metrics',
-           'training_utilization', 'run_dir_lock', 'log_results', 'run_pipeline', 'run_command_line']
+           'stage_finished', 'plan_run', 'library_source_hash', 'cache_key', 'stage_replicate', 'key_params',
+           'locate_failed_cell', 'describe_failure', 'failure_message', 'prepare_stage_dir', 'KernelLaunch',
+           'kernel_environment', 'interrupt_stops_kernels', 'stall_watchdog', 'memory_peak', 'execute_stage',
+           'build_summary', 'run_metrics', 'training_utilization', 'run_dir_lock', 'log_results', 'run_pipeline',
+           'run_command_line']
 
 # %% ../../nbs/pipeline/02_runner.ipynb #4ea189b5
 KERNEL_NAME = "slm-bench"
@@ -93,6 +94,7 @@ class RunOptions:
     jobs: int = 1  # stages run at once; above 1 the running stages share the cores (`pipeline.schedule`)
     command: str = ""
     lock_stages: bool = False  # lock only the selected stages' folders, not the run folder (jobs of `slm-bench submit`)
+    replicate: int = 0  # which replicate of `slm-bench replicate` this run is: its seeded stages train with `replicate_seed(seed, replicate)`
 
 
 @dataclass
@@ -161,12 +163,18 @@ def cache_key(stage: Stage, params: dict, input_fingerprints: dict[str, str], li
     return sha256_json({"notebook": stage.code_sha256, "params": params, "inputs": input_fingerprints, "library": library_hash})
 
 
+def stage_replicate(plan: Plan, name: str) -> int:
+    "The replicate number stage `name` runs under: the run's, or 0 for a stage shared by replicates."
+    return 0 if plan.stages[name].shared_by_replicates else plan.options.replicate
+
+
 def key_params(plan: Plan, name: str) -> dict:
-    """The settings a stage's cache key covers: its parameters, and the run's training and sampling settings where they are not
-    the defaults (but not those that change only its speed, `SPEED_ONLY_SETTINGS`)."""
+    """The settings a stage's cache key covers: its parameters, the replicate it trains under (when not 0), and the run's training
+    and sampling settings where they are not the defaults (but not those that change only its speed, `SPEED_ONLY_SETTINGS`)."""
     changed = {key: value for key, value in plan.engine.items()
                if value != ENGINE_SETTINGS[key][1].default and key not in SPEED_ONLY_SETTINGS}
-    return {**plan.params[name], **changed}
+    replicate = stage_replicate(plan, name)
+    return {**plan.params[name], **changed, **({"replicate": replicate} if replicate else {})}
 
 
 def _now() -> str:
@@ -501,7 +509,8 @@ def execute_stage(plan: Plan, stage: Stage, key: str, inputs: dict[str, str], re
     manifest = _running_manifest(plan, stage, key, attempt, inputs, started)
     error: BaseException | None = None
     try:
-        with kernel_environment(share and share.file, share and share.threads, engine_environment(plan.engine)) as launch:
+        environment = {**engine_environment(plan.engine), REPLICATE_ENV: str(stage_replicate(plan, stage.name))}
+        with kernel_environment(share and share.file, share and share.threads, environment) as launch:
             kernels = lambda: [p for p in _kernel_children() if p in launch.pids]  # this stage's kernel, once started
             with stall_watchdog(options.stall_timeout, watched=kernels) as stalled, memory_peak(kernels) as memory:
                 pm.execute_notebook(
@@ -532,7 +541,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
     for name, stage in plan.stages.items():
         manifest = read_json(options.run_dir / name / MANIFEST, None) or {}
         stages.append({
-            "name": name, "recipe": stage.recipe, "on_request": stage.on_request, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
+            "name": name, "recipe": stage.recipe, "on_request": stage.on_request, "shared_by_replicates": stage.shared_by_replicates, "about": stage.about, "notebook": str(stage.notebook), "inputs": list(stage.inputs),
             "status": manifest.get("status", "missing"), "action": actions.get(name, "not selected"),
             "duration_s": manifest.get("duration_s"), "peak_rss_bytes": manifest.get("peak_rss_bytes"), "finished": manifest.get("finished"),
             "metrics": manifest.get("metrics", {}), "key_metrics": list(stage.key_metrics),
@@ -540,7 +549,7 @@ def build_summary(plan: Plan, actions: dict[str, str], started: str, status: str
             "executed_notebook": f"{name}/{EXECUTED_NOTEBOOK}" if (options.run_dir / name / EXECUTED_NOTEBOOK).exists() else None,
         })
     return {
-        "run_id": options.run_dir.name, "run_dir": str(options.run_dir), "profile": plan.profile.name,
+        "run_id": options.run_dir.name, "run_dir": str(options.run_dir), "profile": plan.profile.name, "replicate": options.replicate,
         "metrics": run_metrics(stages),
         "pipeline": str(options.pipeline_dir), "command": options.command, "status": status,
         "started": started, "updated": _now(), "duration_s": round(time.perf_counter() - clock, 3),

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from ..core.errors import BadInput
 from ..core.store import atomic_write_json, read_json
-from ..evals.findings import VERDICT_WORDS, VERDICTS, Ledger, claim_text, effect_text
+from ..evals.findings import VERDICT_WORDS, VERDICTS, Ledger, claim_text, effect_text, seeds_text
 from .context import FINDINGS, MANIFEST, SUMMARY
 
 # %% auto #0
-__all__ = ['README_START', 'README_END', 'read_ledger', 'scorecard_json', 'run_facts', 'publish', 'scorecard_markdown',
-           'render_readme', 'scorecard_html', 'scorecard_page']
+__all__ = ['README_START', 'README_END', 'HEADLINE_METRICS', 'PUBLISHED', 'PUBLISHED_START', 'PUBLISHED_END', 'read_ledger',
+           'scorecard_json', 'run_facts', 'run_record', 'published_row', 'publish', 'scorecard_markdown',
+           'published_markdown', 'render_readme', 'scorecard_html', 'scorecard_page']
 
 # %% ../../nbs/pipeline/11_scorecard.ipynb #0c8a12c4
 def read_ledger(run_dir: Path | str) -> Ledger:
@@ -38,9 +39,10 @@ def read_ledger(run_dir: Path | str) -> Ledger:
 
 # %% ../../nbs/pipeline/11_scorecard.ipynb #93ddf5a3
 def scorecard_json(ledger: Ledger, run: dict | None = None) -> dict:
-    "Counts (all papers and per paper), the ledger, and `run` facts where given."
+    "Counts (all papers and per paper; for a ledger pooled over seeds, how many held in all, some, none), the ledger without per-item differences, and `run` facts."
+    held = {paper: ledger.seed_counts(paper) for paper in ledger.papers() if ledger.seed_counts(paper)}
     return {"counts": ledger.counts(), "papers": {paper: ledger.counts(paper) for paper in ledger.papers()},
-            **({"run": run} if run else {}), "ledger": ledger.to_json()}
+            **({"held_in_seeds": held} if held else {}), **({"run": run} if run else {}), "ledger": ledger.to_json(items=False)}
 
 
 def run_facts(run_dir: Path | str) -> dict:
@@ -63,12 +65,56 @@ def run_facts(run_dir: Path | str) -> dict:
 README_START, README_END = "<!-- scorecard:start -->", "<!-- scorecard:end -->"
 
 
+HEADLINE_METRICS = ("sft_pass@1", "sft_verify@N@1", "dpo_pass@1", "rs2_pass@1", "ppo_pass@1", "orca_erasure_pass@1", "midtrain_recall_4x")
+PUBLISHED = "published.json"  # in the results folder: one row per published run, oldest first (the README's table of runs)
+
+
+def run_record(run_dir: Path | str) -> dict:
+    """What a published run keeps of one run folder: its facts, each stage's status, action and wall time, the wall time
+    from its first stage's start to its last stage's end (`span_s`, stages linked from another replicate left out), and
+    every metric its summary holds."""
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / SUMMARY, {})
+    own = [e["name"] for e in summary.get("stages", []) if e.get("status") == "ok" and not (run_dir / e["name"]).is_symlink()]
+    manifests = [read_json(run_dir / name / MANIFEST, {}) for name in own]
+    times = [(dt.datetime.fromisoformat(m["started"]), dt.datetime.fromisoformat(m["finished"])) for m in manifests
+             if m.get("started") and m.get("finished")]
+    span = round((max(end for _, end in times) - min(start for start, _ in times)).total_seconds(), 1) if times else None
+    return {"facts": run_facts(run_dir), "span_s": span,
+            "stages": [{k: e.get(k) for k in ("name", "status", "action", "duration_s", "finished")} for e in summary.get("stages", [])],
+            "metrics": summary.get("metrics", {})}
+
+
+def published_row(card: dict, records: list[dict]) -> dict:
+    "The row a publication adds to `published.json`: when, which commit on which machine, seeds, wall times and headline metrics per seed."
+    run = card.get("run") or {}
+    return {"published": run.get("published"), "commit": run.get("commit"), "cpu": run.get("cpu"), "torch": run.get("torch"),
+            "profile": run.get("profile"), "seeds": len(records), "span_s": [r["span_s"] for r in records],
+            "counts": card["counts"], "headline": {m: [r["metrics"].get(m) for r in records] for m in HEADLINE_METRICS}}
+
+
 def publish(run_dir: Path | str, folder: Path | str) -> Path:
-    "Write the run's scorecard with its facts to `folder/scorecard.json`."
-    ledger = read_ledger(run_dir)
+    """Write `folder/scorecard.json` (a replicated run's findings pooled over its seeds), one record per run folder
+    (`run.json`, or `replicate-<r>.json`), and add the run's row to `folder/published.json`."""
+    from slm_bench.pipeline.replicate import is_replicated, read_replicated_ledger, replicate_members
+
+    folder = Path(folder)
+    members = replicate_members(run_dir) if is_replicated(run_dir) else [Path(run_dir)]
+    ledger = read_replicated_ledger(run_dir) if is_replicated(run_dir) else read_ledger(run_dir)
     if not ledger.findings:
         raise BadInput(f"{run_dir} recorded no findings: nothing to publish (run the recipes first: make run)")
-    return atomic_write_json(Path(folder) / "scorecard.json", scorecard_json(ledger, run_facts(run_dir)))
+    records = [run_record(member) for member in members]
+    facts = {**records[0]["facts"], "seeds": len(members)}
+    card = scorecard_json(ledger, facts)
+    for stale in [*folder.glob("replicate-*.json"), folder / "run.json"]:
+        stale.unlink(missing_ok=True)
+    names = [f"replicate-{r}.json" for r in range(len(members))] if is_replicated(run_dir) else ["run.json"]
+    for name, record in zip(names, records):
+        atomic_write_json(folder / name, record)
+    rows, row = read_json(folder / PUBLISHED, []), published_row(card, records)
+    same = rows and (rows[-1]["commit"], rows[-1]["seeds"], rows[-1]["profile"]) == (row["commit"], row["seeds"], row["profile"])
+    atomic_write_json(folder / PUBLISHED, [*(rows[:-1] if same else rows), row])  # publishing the same run again replaces its row
+    return atomic_write_json(folder / "scorecard.json", card)
 
 
 def _cell(text: str) -> str:
@@ -86,17 +132,21 @@ def scorecard_markdown(card: dict) -> str:
              "items (points for rates, paired bootstrap intervals); *new templates* is the same effect on test problems phrased in "
              "templates no training set uses.", ""]
     on_request = run.get("on_request_stages") or {}
+    pooled = any(f.seeds is not None for f in ledger.findings)
     for paper in ledger.papers():
-        c = ledger.counts(paper)
-        lines += [f"**{paper}**: {c['total']} findings — " + ", ".join(f"{c[v]} {VERDICT_WORDS[v]}" for v in VERDICTS) + f"; {c['checks']} checks.", "",
-                  "| verdict | claim (where) | experiment − control | effect | new templates | paper |", "|---|---|---|---|---|---|"]
+        c, held = ledger.counts(paper), ledger.seed_counts(paper)
+        held_line = (f" Of the tested, held in all {held['seeds']} seeds: {held['all']}; in some: {held['some']}; in none: {held['none']}."
+                     if held else "")
+        lines += [f"**{paper}**: {c['total']} findings — " + ", ".join(f"{c[v]} {VERDICT_WORDS[v]}" for v in VERDICTS) + f"; {c['checks']} checks." + held_line, "",
+                  "| verdict | claim (where) | experiment − control | effect | new templates | paper |" + (" seeds |" if pooled else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if pooled else "")]
         for f in (f for f in ledger.findings if f.claim.paper == paper):
             against = f.control if f.control is not None else f"no control: {f.comparison}" if f.comparison else "no control"
             effect = f.not_testable if f.not_testable else effect_text(f.effect, f.percent)
             held_out = f"{effect_text(f.held_out, f.percent)} ({VERDICT_WORDS[f.held_out_verdict]})" if f.held_out_verdict else ""
             source = f" (from on-request recipe `{on_request[f.stage]['recipe']}`: `make run RECIPE={on_request[f.stage]['recipe']}`)" if f.stage in on_request else ""
             lines.append(f"| {VERDICT_WORDS[f.verdict]} | {_cell(claim_text(f.claim, f.percent))} ({_cell(f.claim.where)}) | {_cell(f.experiment)} − {_cell(against)}{source} "
-                         f"| {_cell(effect)} | {_cell(held_out)} | {_cell(f.claim.paper_effect)} |")
+                         f"| {_cell(effect)} | {_cell(held_out)} | {_cell(f.claim.paper_effect)} |" + (f" {seeds_text(f)} |" if pooled else ""))
         lines.append("")
     if ledger.checks:
         lines += [f"<details><summary>{len(ledger.checks)} checks: true by construction, shown apart, never counted as findings</summary>", "",
@@ -107,13 +157,46 @@ def scorecard_markdown(card: dict) -> str:
     return "\n".join(lines)
 
 
-def render_readme(readme: str, card: dict) -> str:
-    "`readme` with the text between the scorecard markers replaced by `scorecard_markdown(card)`."
-    if readme.count(README_START) != 1 or readme.count(README_END) != 1:
-        raise BadInput(f"the README needs exactly one {README_START} and one {README_END} line around its results section")
-    head, rest = readme.split(README_START)
-    _, tail = rest.split(README_END)
-    return f"{head}{README_START}\n{scorecard_markdown(card)}\n{README_END}{tail}"
+PUBLISHED_START, PUBLISHED_END = "<!-- published:start -->", "<!-- published:end -->"
+
+
+def published_markdown(rows: list[dict]) -> str:
+    "The table of published runs, newest first: date, commit, machine, seeds, wall time, verdict counts and headline metrics (mean over seeds, [range])."
+    def figure(values: list, percent: bool = True) -> str:
+        values = [v for v in values if isinstance(v, (int, float))]
+        if not values:
+            return ""
+        scale = 100 if percent else 1
+        mean = f"{scale * sum(values) / len(values):.1f}"
+        return mean if len(values) == 1 else f"{mean} [{scale * min(values):.1f}–{scale * max(values):.1f}]"
+
+    header = ["published", "commit", "machine", "seeds", "wall time (min, per seed)", "reproduced / contradicted / inconclusive / not testable",
+              *HEADLINE_METRICS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in reversed(rows):
+        counts, spans = row["counts"], [s for s in row["span_s"] if s is not None]
+        cells = [(row["published"] or "")[:10], f"`{(row['commit'] or '')[:7]}`", row["cpu"] or "", str(row["seeds"]),
+                 " / ".join(f"{s / 60:.1f}" for s in spans), " / ".join(str(counts[v]) for v in ("reproduced", "contradicted", "inconclusive", "not_testable")),
+                 *(figure(row["headline"].get(m, [])) for m in HEADLINE_METRICS)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _replace_between(text: str, start: str, end: str, body: str, what: str) -> str:
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise BadInput(f"the README needs exactly one {start} and one {end} line around its {what}")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def render_readme(readme: str, card: dict, published: list[dict] | None = None) -> str:
+    """`readme` with its results section rendered from `card` (`scorecard_markdown`) and, given `published` and where the
+    README has its markers, its table of published runs."""
+    readme = _replace_between(readme, README_START, README_END, scorecard_markdown(card), "results section")
+    if published is None or PUBLISHED_START not in readme:
+        return readme
+    return _replace_between(readme, PUBLISHED_START, PUBLISHED_END, published_markdown(published), "table of published runs")
 
 # %% ../../nbs/pipeline/11_scorecard.ipynb #b7a35c85
 def scorecard_html(ledger: Ledger) -> str:

@@ -17,8 +17,8 @@ from ..core.errors import BadInput
 from ..core.store import sha256_json
 
 # %% auto #0
-__all__ = ['COMMON', 'Stage', 'notebook_code_hash', 'read_stage', 'stage_notebooks', 'dependency_order', 'discover_stages',
-           'select_stages', 'recipes', 'recipe_stages']
+__all__ = ['COMMON', 'Stage', 'notebook_code_hash', 'read_stage', 'stage_notebooks', 'dependency_order',
+           'check_shared_by_replicates', 'discover_stages', 'select_stages', 'recipes', 'recipe_stages']
 
 # %% ../../nbs/pipeline/00_stages.ipynb #9dfb185d
 COMMON = "common"  # the recipe folder whose stages the paper recipes share
@@ -38,9 +38,11 @@ class Stage:
     recipe: str = ""  # the folder it sits in under the stages root
     exclusive: bool = False  # runs with no other stage beside it (it measures the machine); see `pipeline.schedule`
     on_request: bool = False  # left out of an all-stage run (`make run`); runs when its name or recipe is asked for
+    shared_by_replicates: bool = False  # its output does not depend on the training seed: a replicated run computes it once
 
 # %% ../../nbs/pipeline/00_stages.ipynb #81451f9d
-_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list, "exclusive": bool, "on_request": bool}
+_STAGE_KEYS = {"name": str, "about": str, "inputs": list, "outputs": list, "key_metrics": list, "exclusive": bool, "on_request": bool,
+               "shared_by_replicates": bool}
 
 
 def _stage_declaration(cell_source: str) -> ast.expr | None:
@@ -116,6 +118,7 @@ def read_stage(notebook: Path | str, recipe: str = "") -> Stage:
         inputs=tuple(decl.get("inputs", [])), outputs=tuple(decl.get("outputs", [])),
         params=params, key_metrics=tuple(decl.get("key_metrics", [])), code_sha256=notebook_code_hash(nb), recipe=recipe,
         exclusive=decl.get("exclusive", False), on_request=decl.get("on_request", False),
+        shared_by_replicates=decl.get("shared_by_replicates", False),
     )
 
 # %% ../../nbs/pipeline/00_stages.ipynb #8f5a01c9
@@ -147,6 +150,15 @@ def dependency_order(stages: dict[str, Stage]) -> list[str]:
     return order
 
 # %% ../../nbs/pipeline/00_stages.ipynb #cd9e45ad
+def check_shared_by_replicates(stages: dict[str, Stage]) -> None:
+    "A stage shared by replicates reads only stages that are shared too (else its output would depend on the seed); `BadInput` naming it."
+    for stage in stages.values():
+        seeded = [name for name in stage.inputs if stage.shared_by_replicates and not stages[name].shared_by_replicates]
+        if seeded:
+            raise BadInput(f"{stage.notebook}: STAGE says shared_by_replicates=True but it reads {', '.join(seeded)}, whose output "
+                           "depends on the training seed: drop shared_by_replicates, or share those stages too")
+
+
 def discover_stages(pipeline_dir: Path | str) -> dict[str, Stage]:
     "Every stage under `pipeline_dir`, in dependency order; unknown inputs, duplicate names and cycles are `BadInput`."
     pipeline_dir = Path(pipeline_dir)
@@ -164,6 +176,7 @@ def discover_stages(pipeline_dir: Path | str) -> dict[str, Stage]:
         for name in stage.inputs:
             if name not in stages:
                 raise BadInput(f"{stage.notebook}: input {name!r} is not a stage in {pipeline_dir} (stages: {', '.join(stages)})")
+    check_shared_by_replicates(stages)
     return {name: stages[name] for name in dependency_order(stages)}
 
 # %% ../../nbs/pipeline/00_stages.ipynb #0a2b78d0
