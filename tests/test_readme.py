@@ -21,3 +21,14 @@ def test_published_scorecard_counts_add_up():
     assert sum(paper["checks"] for paper in card["papers"].values()) + shared == card["counts"]["checks"] == len(card["ledger"]["checks"])
     assert set(card["papers"]) == {"TinyGSM", "Phi-4", "Llama 2", "Orca 2"}
     assert card["run"]["commit"] and card["run"]["status"] == "ok"
+
+
+def test_the_table_of_published_runs_is_rendered_from_published_json():
+    "The README has the published runs' table, and its newest row is the run the scorecard comes from."
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("<!-- published:start -->") == 1 and readme.count("<!-- published:end -->") == 1
+    rows = json.loads((ROOT / "results" / "tiny" / "published.json").read_text())
+    card = json.loads((ROOT / "results" / "tiny" / "scorecard.json").read_text())
+    assert rows[-1]["commit"] == card["run"]["commit"] and rows[-1]["counts"] == card["counts"]
+    assert rows[-1]["seeds"] == card["run"]["seeds"] == len(rows[-1]["span_s"])
+    assert f"| `{rows[-1]['commit'][:7]}` |" in readme

@@ -535,7 +535,7 @@ def _add_selection_options(p) -> None:
 
 
 def _add_run_commands(sub) -> None:
-    "run, report, compare, lab."
+    "run, replicate, report, compare, findings, readme, lab."
     p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
     _add_selection_options(p)
     p.add_argument("--run-dir", help="run folder (default: runs/<profile>)")
