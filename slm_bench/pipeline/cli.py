@@ -534,12 +534,9 @@ def _add_selection_options(p) -> None:
                         "train.processes=N train every stage with several processes")
 
 
-def _add_run_commands(sub) -> None:
-    "run, replicate, report, compare, findings, readme, lab."
-    p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
-    _add_selection_options(p)
-    p.add_argument("--run-dir", help="run folder (default: runs/<profile>)")
-    p.add_argument("--report-dir", help="reports folder; the report goes to <report-dir>/<run id>/ (default: reports)")
+def _add_execution_options(p, report_where: str) -> None:
+    "How the stages execute (run, replicate): reports, pipeline folder, --force, timeouts, progress, --jobs."
+    p.add_argument("--report-dir", help=f"reports folder; {report_where} (default: reports)")
     p.add_argument("--no-report", action="store_true", help="skip HTML rendering")
     p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
     p.add_argument("--force", action="store_true", help="rerun the selected stages even if cached")
@@ -549,6 +546,14 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar (default: on a terminal)")
     p.add_argument("--jobs", type=int, default=1,
                    help="independent stages run at once, sharing the cores (default 1: one by one, in plan order)")
+
+
+def _add_run_commands(sub) -> None:
+    "run, replicate, report, compare, findings, readme, lab."
+    p = sub.add_parser("run", help="execute stage notebooks in dependency order (cached, resumable)")
+    _add_selection_options(p)
+    p.add_argument("--run-dir", help="run folder (default: runs/<profile>)")
+    _add_execution_options(p, "the report goes to <report-dir>/<run id>/")
     p.add_argument("--lock", choices=["run", "stages"], default="run",
                    help="what this run holds: the whole run folder (default), or only its selected stages (the jobs of `slm-bench submit`)")
     p.set_defaults(func=cmd_run)
@@ -559,14 +564,7 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--seeds", type=int, required=True, help="how many replicates (training seeds); replicate 0 is the plain run")
     p.add_argument("--root", help="folder of the replicates (default: runs/<profile>-replicate)")
     p.add_argument("--vary-data", action="store_true", help="vary the data too: replicate r runs with --set seed=r and shares nothing")
-    p.add_argument("--report-dir", help="reports folder; replicate r's report goes to <report-dir>/<root name>/replicate-r/ (default: reports)")
-    p.add_argument("--no-report", action="store_true", help="skip HTML rendering")
-    p.add_argument("--pipeline", help="folder of stage notebooks (default: nbs/stages)")
-    p.add_argument("--force", action="store_true", help="rerun the selected stages even if cached")
-    p.add_argument("--cell-timeout", type=float, help="fail a stage whose cell runs longer than this many seconds")
-    p.add_argument("--stall-timeout", type=float, default=600.0, help="stop and rerun once a stage whose kernel used no CPU this long (default 600)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="papermill's per-cell progress bar")
-    p.add_argument("--jobs", type=int, default=1, help="independent stages run at once, sharing the cores (default 1)")
+    _add_execution_options(p, "replicate r's report goes to <report-dir>/<root name>/replicate-r/")
     p.set_defaults(func=cmd_replicate)
 
     p = sub.add_parser("report", help="re-render a run's HTML report")
