@@ -205,7 +205,7 @@ def cmd_findings(args) -> int:
 
     run_dir = resolve_path(args.run_dir)
     if args.publish:
-        print(f"published: {publish(run_dir, resolve_path(args.publish))}")
+        print(f"published: {publish(run_dir, resolve_path(args.publish), args.note or '')}")
         return 0
     ledger = read_replicated_ledger(run_dir) if is_replicated(run_dir) else read_ledger(run_dir)
     print(json.dumps(scorecard_json(ledger), indent=1) if args.json else ledger.text() if ledger.findings or ledger.checks
@@ -585,6 +585,7 @@ def _add_run_commands(sub) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder, or a replicated run's root (its findings pooled over the seeds)")
     p.add_argument("--json", action="store_true", help="print the counts (total, reproduced, contradicted, inconclusive, not_testable, without_control, checks) and the ledger as JSON")
     p.add_argument("--publish", metavar="DIR", help="write DIR/scorecard.json with the run's facts (what `slm-bench readme` renders)")
+    p.add_argument("--note", help="with --publish: what the files cannot say about the run (e.g. other work ran beside it), shown in the published runs' table")
     p.set_defaults(func=cmd_findings)
 
     p = sub.add_parser("readme", help="render the README's results section from a published scorecard")

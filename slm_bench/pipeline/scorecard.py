@@ -71,11 +71,12 @@ PUBLISHED = "published.json"  # in the results folder: one row per published run
 
 def run_record(run_dir: Path | str) -> dict:
     """What a published run keeps of one run folder: its facts, each stage's status, action and wall time, the wall time
-    from its first stage's start to its last stage's end (`span_s`, stages linked from another replicate left out), and
-    every metric its summary holds."""
+    from its first stage's start to its last stage's end (`span_s`: an all-stage run's, so stages linked from another
+    replicate and on-request stages are left out), and every metric its summary holds."""
     run_dir = Path(run_dir)
     summary = read_json(run_dir / SUMMARY, {})
-    own = [e["name"] for e in summary.get("stages", []) if e.get("status") == "ok" and not (run_dir / e["name"]).is_symlink()]
+    own = [e["name"] for e in summary.get("stages", []) if e.get("status") == "ok" and not e.get("on_request")
+           and not (run_dir / e["name"]).is_symlink()]
     manifests = [read_json(run_dir / name / MANIFEST, {}) for name in own]
     times = [(dt.datetime.fromisoformat(m["started"]), dt.datetime.fromisoformat(m["finished"])) for m in manifests
              if m.get("started") and m.get("finished")]
@@ -85,15 +86,16 @@ def run_record(run_dir: Path | str) -> dict:
             "metrics": summary.get("metrics", {})}
 
 
-def published_row(card: dict, records: list[dict]) -> dict:
-    "The row a publication adds to `published.json`: when, which commit on which machine, seeds, wall times and headline metrics per seed."
+def published_row(card: dict, records: list[dict], note: str = "") -> dict:
+    """The row a publication adds to `published.json`: when, which commit on which machine, seeds, wall times, headline
+    metrics per seed, and the publisher's `note` (what the files cannot say, e.g. that other work ran beside it)."""
     run = card.get("run") or {}
-    return {"published": run.get("published"), "commit": run.get("commit"), "cpu": run.get("cpu"), "torch": run.get("torch"),
+    return {"published": run.get("published"), "note": note, "commit": run.get("commit"), "cpu": run.get("cpu"), "torch": run.get("torch"),
             "profile": run.get("profile"), "seeds": len(records), "span_s": [r["span_s"] for r in records],
             "counts": card["counts"], "headline": {m: [r["metrics"].get(m) for r in records] for m in HEADLINE_METRICS}}
 
 
-def publish(run_dir: Path | str, folder: Path | str) -> Path:
+def publish(run_dir: Path | str, folder: Path | str, note: str = "") -> Path:
     """Write `folder/scorecard.json` (a replicated run's findings pooled over its seeds), one record per run folder
     (`run.json`, or `replicate-<r>.json`), and add the run's row to `folder/published.json`."""
     from slm_bench.pipeline.replicate import is_replicated, read_replicated_ledger, replicate_members
@@ -111,7 +113,7 @@ def publish(run_dir: Path | str, folder: Path | str) -> Path:
     names = [f"replicate-{r}.json" for r in range(len(members))] if is_replicated(run_dir) else ["run.json"]
     for name, record in zip(names, records):
         atomic_write_json(folder / name, record)
-    rows, row = read_json(folder / PUBLISHED, []), published_row(card, records)
+    rows, row = read_json(folder / PUBLISHED, []), published_row(card, records, note)
     same = rows and (rows[-1]["commit"], rows[-1]["seeds"], rows[-1]["profile"]) == (row["commit"], row["seeds"], row["profile"])
     atomic_write_json(folder / PUBLISHED, [*(rows[:-1] if same else rows), row])  # publishing the same run again replaces its row
     return atomic_write_json(folder / "scorecard.json", card)
@@ -171,13 +173,13 @@ def published_markdown(rows: list[dict]) -> str:
         return mean if len(values) == 1 else f"{mean} [{scale * min(values):.1f}–{scale * max(values):.1f}]"
 
     header = ["published", "commit", "machine", "seeds", "wall time (min, per seed)", "reproduced / contradicted / inconclusive / not testable",
-              *HEADLINE_METRICS]
+              *HEADLINE_METRICS, "note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in reversed(rows):
         counts, spans = row["counts"], [s for s in row["span_s"] if s is not None]
         cells = [(row["published"] or "")[:10], f"`{(row['commit'] or '')[:7]}`", row["cpu"] or "", str(row["seeds"]),
                  " / ".join(f"{s / 60:.1f}" for s in spans), " / ".join(str(counts[v]) for v in ("reproduced", "contradicted", "inconclusive", "not_testable")),
-                 *(figure(row["headline"].get(m, [])) for m in HEADLINE_METRICS)]
+                 *(figure(row["headline"].get(m, [])) for m in HEADLINE_METRICS), row.get("note", "")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
