@@ -16,7 +16,7 @@ from ..evals.findings import VERDICT_WORDS, VERDICTS, Ledger, claim_text, effect
 from .context import FINDINGS, MANIFEST, SUMMARY
 
 # %% auto #0
-__all__ = ['README_START', 'README_END', 'HEADLINE_METRICS', 'PUBLISHED', 'PUBLISHED_START', 'PUBLISHED_END', 'read_ledger',
+__all__ = ['HEADLINE_METRICS', 'PUBLISHED', 'README_START', 'README_END', 'PUBLISHED_START', 'PUBLISHED_END', 'read_ledger',
            'scorecard_json', 'run_facts', 'run_record', 'published_row', 'publish', 'scorecard_markdown',
            'published_markdown', 'render_readme', 'scorecard_html', 'scorecard_page']
 
@@ -61,10 +61,7 @@ def run_facts(run_dir: Path | str) -> dict:
             "on_request_stages": {e["name"]: {"recipe": e.get("recipe"), "finished": e["finished"]} for e in finished if e.get("on_request")},
             "published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
-# %% ../../nbs/pipeline/11_scorecard.ipynb #943fed76
-README_START, README_END = "<!-- scorecard:start -->", "<!-- scorecard:end -->"
-
-
+# %% ../../nbs/pipeline/11_scorecard.ipynb #d65e5e91
 HEADLINE_METRICS = ("sft_pass@1", "sft_verify@N@1", "dpo_pass@1", "rs2_pass@1", "ppo_pass@1", "orca_erasure_pass@1", "midtrain_recall_4x")
 PUBLISHED = "published.json"  # in the results folder: one row per published run, oldest first (the README's table of runs)
 
@@ -119,6 +116,7 @@ def publish(run_dir: Path | str, folder: Path | str, note: str = "") -> Path:
     return atomic_write_json(folder / "scorecard.json", card)
 
 
+# %% ../../nbs/pipeline/11_scorecard.ipynb #82f7740c
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -158,7 +156,8 @@ def scorecard_markdown(card: dict) -> str:
         lines += ["", "</details>"]
     return "\n".join(lines)
 
-
+# %% ../../nbs/pipeline/11_scorecard.ipynb #f92da96f
+README_START, README_END = "<!-- scorecard:start -->", "<!-- scorecard:end -->"
 PUBLISHED_START, PUBLISHED_END = "<!-- published:start -->", "<!-- published:end -->"
 
 
