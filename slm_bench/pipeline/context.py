@@ -129,9 +129,14 @@ def runtime_facts(hash_seed: str | None = None) -> dict:
             "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "cuda": torch.version.cuda}
 
 # %% ../../nbs/pipeline/01_context.ipynb #0de3802a
-def _replicate_from_environment() -> int:
-    "The replicate number the runner set (`REPLICATE_ENV`), 0 when unset."
-    text = os.environ.get(REPLICATE_ENV, "").strip() or "0"
+def _replicate_of(name: str, run_path: Path) -> int:
+    """The replicate number a stage trains under: the runner's (`REPLICATE_ENV`), else, for a notebook opened by hand or by
+    `slm-bench lab` in a replicate's run folder, the one that run recorded (0 for a stage replicates share, or no run yet)."""
+    text = os.environ.get(REPLICATE_ENV, "").strip()
+    if not text:
+        summary = read_json(run_path / SUMMARY, None) or {}
+        entry = next((e for e in summary.get("stages", []) if e.get("name") == name), {})
+        return 0 if entry.get("shared_by_replicates") else int(summary.get("replicate", 0) or 0)
     if not text.isdigit():
         raise BadInput(f"{REPLICATE_ENV} must be a replicate number (0, 1, ...), got {text!r}")
     return int(text)
@@ -145,7 +150,7 @@ def open_stage(declaration: dict, run_dir: str | Path, out_dir: str | Path = "",
     folder = resolve_path(out_dir) if str(out_dir) else run_path / name
     folder.mkdir(parents=True, exist_ok=True)
     hash_seed = os.environ.get("PYTHONHASHSEED")  # before seed_everything sets it for later subprocesses
-    replicate = _replicate_from_environment()
+    replicate = _replicate_of(name, run_path)
     if seed is not None:
         seed_everything(replicate_seed(seed, replicate))
     atomic_write_json(folder / RUNTIME, {**runtime_facts(hash_seed), "replicate": replicate})
