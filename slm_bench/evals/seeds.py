@@ -16,7 +16,7 @@ from .findings import Finding, Ledger, verdict_of
 
 # %% auto #0
 __all__ = ['crossed_bootstrap_plain', 'crossed_bootstrap_ci', 'crossed_bootstrap_variance', 'nested_bootstrap_ci',
-           'pooled_effect', 'pooled_seed_effects', 'pool_findings']
+           'pooled_effect', 'seed_spread_interval', 'pooled_seed_effects', 'pool_findings']
 
 # %% ../../nbs/evals/09_seeds.ipynb #450689ba
 def _draws(rng: np.random.Generator, n_boot: int, n_seeds: int, n_items: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,17 +84,23 @@ def pooled_effect(rows: Sequence[Sequence[float]], n_boot: int = 2000, alpha: fl
             "seeds": len(rows), "resampling": "crossed" if crossed else "nested"}
 
 
-def pooled_seed_effects(effects: Sequence[dict], alpha: float = 0.05) -> dict:
-    "Pool effects recorded without their items: the mean, ± the t-interval over seeds and the mean half-width combined."
+def seed_spread_interval(values: Sequence[float], half_widths: Sequence[float], alpha: float = 0.05,
+                         one_more_seed: bool = False) -> tuple[float, float, float]:
+    """(mean, low, high) from K seeds' values and their intervals' half-widths: the mean ± √((t(K−1)·s·c)² + mean half-width²),
+    c = √(1/K) for the mean, √(1 + 1/K) for where one more seed would land (ours: a seed's own half-width stays as a floor)."""
     from scipy.stats import t
 
-    values = [e["difference"] for e in effects]
-    half_widths = [(e["ci_high"] - e["ci_low"]) / 2 for e in effects]
-    spread = t.ppf(1 - alpha / 2, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    k, mean = len(values), float(np.mean(values))
+    scale = math.sqrt(one_more_seed + 1 / k)
+    spread = t.ppf(1 - alpha / 2, k - 1) * float(np.std(values, ddof=1)) * scale if k > 1 else 0.0
     half = math.hypot(spread, float(np.mean(half_widths)))
-    mean = float(np.mean(values))
-    return {"difference": mean, "ci_low": mean - half, "ci_high": mean + half, "n": effects[0].get("n"), "seeds": len(values),
-            "resampling": "seed effects"}
+    return mean, mean - half, mean + half
+
+
+def pooled_seed_effects(effects: Sequence[dict], alpha: float = 0.05) -> dict:
+    "Pool effects recorded without their items: the mean, ± the t-interval over seeds and the mean half-width combined."
+    mean, low, high = seed_spread_interval([e["difference"] for e in effects], [(e["ci_high"] - e["ci_low"]) / 2 for e in effects], alpha)
+    return {"difference": mean, "ci_low": low, "ci_high": high, "n": effects[0].get("n"), "seeds": len(effects), "resampling": "seed effects"}
 
 # %% ../../nbs/evals/09_seeds.ipynb #e6f6572e
 def _pool(effects: list[dict | None], differences: list[list[float] | None], n_boot: int, seed: int) -> dict | None:

@@ -10,8 +10,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..core.errors import BadInput
 from ..core.store import atomic_write_text, read_json
 from ..evals.table import BenchmarkTable, Estimate, load_table, merge_tables
@@ -168,15 +166,12 @@ def kept_text(checked: int, shifts: list[ResultShift]) -> str:
 # %% ../../nbs/pipeline/05_compare.ipynb #e27ad165
 def seed_interval(estimates: list[Estimate], alpha: float = 0.05) -> Estimate:
     "Where one more seed's run would land, from K ≥ 2 seeds' estimates of one result: mean ± √((t·s·√(1+1/K))² + mean half-width²)."
-    from scipy.stats import t
+    from slm_bench.evals.seeds import seed_spread_interval
 
-    values = [e.value for e in estimates]
-    if len(values) < 2:
-        raise BadInput(f"a seed-level interval needs at least 2 seeds' estimates, got {len(values)}")
-    spread = t.ppf(1 - alpha / 2, len(values) - 1) * float(np.std(values, ddof=1)) * math.sqrt(1 + 1 / len(values))
-    half = math.hypot(spread, float(np.mean([(e.high - e.low) / 2 for e in estimates])))
-    mean = float(np.mean(values))
-    return Estimate(mean, mean - half, mean + half, estimates[0].n, estimates[0].percent)
+    if len(estimates) < 2:
+        raise BadInput(f"a seed-level interval needs at least 2 seeds' estimates, got {len(estimates)}")
+    mean, low, high = seed_spread_interval([e.value for e in estimates], [(e.high - e.low) / 2 for e in estimates], alpha, one_more_seed=True)
+    return Estimate(mean, low, high, estimates[0].n, estimates[0].percent)
 
 
 def seed_results_kept(replicated: Path | str, faster: Path | str) -> tuple[int, list[ResultShift]]:

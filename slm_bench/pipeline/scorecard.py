@@ -40,7 +40,7 @@ def read_ledger(run_dir: Path | str) -> Ledger:
 # %% ../../nbs/pipeline/11_scorecard.ipynb #93ddf5a3
 def scorecard_json(ledger: Ledger, run: dict | None = None) -> dict:
     "Counts (all papers and per paper; for a ledger pooled over seeds, how many held in all, some, none), the ledger without per-item differences, and `run` facts."
-    held = {paper: ledger.seed_counts(paper) for paper in ledger.papers() if ledger.seed_counts(paper)}
+    held = {paper: counts for paper in ledger.papers() if (counts := ledger.seed_counts(paper))}
     return {"counts": ledger.counts(), "papers": {paper: ledger.counts(paper) for paper in ledger.papers()},
             **({"held_in_seeds": held} if held else {}), **({"run": run} if run else {}), "ledger": ledger.to_json(items=False)}
 
