@@ -3,7 +3,8 @@
 Used by tests/test_sandbox_isolation.py in-process (as the test's user) and as a script under another user:
     python tests/sandbox_attacks.py CONTEXT_JSON   prints {attack: outcome} as JSON
 An outcome is [ok, error, value] of the attack's SandboxResult; `after` attacks check, in a later job on the
-same worker, what an earlier one left behind.
+same worker, what an earlier one left behind. The forgeries (`forgeries`) are completions of a HumanEval-style task,
+judged the trusted way (`evals.checker.judge_outside`); their outcome is [passed, error].
 """
 from __future__ import annotations
 
@@ -98,6 +99,52 @@ def attacks(ctx: dict) -> list[Attack]:
     ]
 
 
+@dataclass
+class Forgery:
+    name: str
+    body: str  # a completion of FORGED_TASK's function: wrong, plus its attempt to pass anyway
+    expected: list  # [passed, error] of its CheckOutcome
+
+
+FORGED_PROMPT = 'def add(a, b):\n    "The sum of a and b."\n'
+FORGED_TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+FORGED_REPORT = "{'ok': True, 'value': 'x', 'error': None, 'message': ''}"
+
+
+def forgeries() -> list[Forgery]:
+    "Programs that try to pass a test they fail: each must fail, with the exact error that names how."
+    return [
+        Forgery("forge a passing report, then exit 0",
+                f"    return 0\nimport posix, json\nposix.write(3, json.dumps({FORGED_REPORT}).encode())\nposix._exit(0)\n",
+                [False, "ForgedReport"]),
+        Forgery("forge from a thread, then os._exit",
+                "    import time\n    time.sleep(1)\n    return 0\nimport json, os, threading\n"
+                f"def forge():\n    os.write(3, json.dumps({FORGED_REPORT}).encode())\n    os._exit(0)\n"
+                "threading.Thread(target=forge).start()\n", [False, "ForgedReport"]),
+        Forgery("patch check and assert through builtins",
+                "    return 0\nimport builtins\nbuiltins.AssertionError = type('Never', (Exception,), {})\n"
+                "builtins.check = lambda candidate: None\ndef check(candidate):\n    return None\n", [False, "AssertionError"]),
+        Forgery("return an object equal to everything",
+                "    class Yes:\n        def __eq__(self, other):\n            return True\n    return Yes()\n", [False, "NotALiteral"]),
+        Forgery("return an int subclass equal to everything",
+                "    class Five(int):\n        def __eq__(self, other):\n            return True\n        __hash__ = int.__hash__\n"
+                "    return Five(5)\n", [False, "NotALiteral"]),
+        Forgery("print a fake verdict on stdout",
+                "    print('{\"passed\": true}')\n    print('all tests passed')\n    return 0\n", [False, "AssertionError"]),
+        Forgery("patch the worker's encoder to answer what it likes",  # only an answer no worker writes can show it took
+                "    return 0\nimport sys\nfor module in list(sys.modules.values()):\n    if hasattr(module, 'encode_value'):\n"
+                "        module.encode_value = lambda value, depth=0: {'passed': True}\n", [False, "ForgedReport"]),
+    ]
+
+
+def run_forgeries(box) -> dict:
+    "Judge every forgery on `box` the trusted way: {name: [passed, error]}."
+    from slm_bench.evals.checker import CheckCase, judge_outside
+
+    cases = [CheckCase(FORGED_PROMPT, FORGED_TEST, "add", FORGED_PROMPT + f.body) for f in forgeries()]
+    return {f.name: [o.passed, o.error] for f, o in zip(forgeries(), judge_outside(cases, box))}
+
+
 def outcome(result) -> list:
     return [result.ok, result.error, result.value]
 
@@ -128,4 +175,5 @@ if __name__ == "__main__":
 
     context = json.loads(sys.argv[1])
     with Sandbox(workers=1, timeout=3.0, isolation="namespaces") as sandbox:
-        print(json.dumps({"isolation": sandbox.isolation, "attacks": run_attacks(sandbox, context)}))
+        print(json.dumps({"isolation": sandbox.isolation, "attacks": run_attacks(sandbox, context),
+                          "forgeries": run_forgeries(sandbox)}))

@@ -118,3 +118,29 @@ def test_an_audited_program_reports_the_actions_it_attempted(box, code):
 
 def test_an_unaudited_program_reports_no_actions(box):
     assert box.run(Program("def f():\n    return open('/etc/hostname').read()", entry="f")).actions == ()
+
+
+OBSERVED_CASES = {  # what the worker sees itself, whatever the program reports
+    "def f():\n    open('notes.txt', 'w').write('x')": ("file",),
+    "import os\ndef f():\n    open('/tmp/gone', 'w').close()\n    os.remove('/tmp/gone')": ("file",),  # made and removed again
+    "import posix\ndef f():\n    if posix.fork() == 0:\n        posix._exit(0)": ("process",),
+    "import threading\ndef f():\n    threading.Thread(target=print).start()": ("process",),  # threads take pids too
+    "def f():\n    return open('/etc/hostname').read()": (),  # reads are the program's own word
+    "def f():\n    return sum(i * i for i in range(10))": (),
+}
+
+
+@pytest.mark.parametrize("code", list(OBSERVED_CASES))
+def test_the_worker_observes_files_and_processes_itself(box, code):
+    result = box.run(Program(code, entry="f", audit=True))
+    assert result.observed == OBSERVED_CASES[code], result
+    assert set(result.observed) <= set(result.actions)
+
+
+def test_a_forged_report_cannot_hide_an_observed_effect(box):
+    "The program writes a file, starts a process, reports no actions and exits: the observed ones stay."
+    forger = ("import os, posix\nif posix.fork() == 0:\n    posix._exit(0)\nopen('made.txt', 'w').close()\n"
+              "os.remove('/srv/tw/notes.txt') if os.path.exists('/srv/tw/notes.txt') else None\n"
+              "os.write(3, b'{\"ok\": true, \"value\": null, \"error\": null, \"message\": \"\", \"actions\": []}')\nos._exit(0)\n")
+    result = box.run(Program(forger, audit=True))
+    assert (result.ok, result.actions, result.observed) == (True, ("file", "process"), ("file", "process"))

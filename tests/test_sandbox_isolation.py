@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from sandbox_attacks import ROOT, attacks, run_attacks
+from sandbox_attacks import ROOT, attacks, forgeries, run_attacks, run_forgeries
 from slm_bench.evals.isolation import missing_layers
 from slm_bench.evals.sandbox import Sandbox
 from slm_bench.evals.tasks import benchmark_file, get_task
@@ -98,7 +98,7 @@ def attack_report(user: str, ctx: dict) -> dict:
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
     with Sandbox(workers=1, timeout=3.0, isolation="namespaces") as box:
-        return {"isolation": box.isolation, "attacks": run_attacks(box, ctx)}
+        return {"isolation": box.isolation, "attacks": run_attacks(box, ctx), "forgeries": run_forgeries(box)}
 
 
 @pytest.mark.parametrize("user", ["root", "unprivileged user"])
@@ -118,6 +118,11 @@ def test_every_attack_is_contained(user, context, listener):
             wrong.append(f"{attack.name}: expected {expected} then {attack.expected_after} (stopped by {attack.layer}), "
                          f"got {got['outcome']} ({got['message'][:200]}) then {got.get('after')}, pool works: {got['works']}")
         rows.append(f"| {attack.name} | {got['outcome'][1] or got['outcome'][2]} | {attack.layer} |")
+    for forgery in forgeries():  # judged outside the sandbox: a forged report or value fails, by name
+        got = report["forgeries"][forgery.name]
+        if got != forgery.expected:
+            wrong.append(f"{forgery.name}: expected {forgery.expected}, got {got}")
+        rows.append(f"| {forgery.name} | {got[1]} | check outside the sandbox |")
     REPORTS.mkdir(parents=True, exist_ok=True)
     name = "root" if user == "root" else "unprivileged"
     (REPORTS / f"sandbox_attacks_{name}.md").write_text(

@@ -112,6 +112,18 @@ def test_humaneval_canonical_pass_and_broken_fail_through_the_cli(cli, tmp_path)
     assert metrics["accuracy"] == 0.0
 
 
+def test_a_humaneval_completion_that_forges_its_report_fails_by_name():
+    "The issue's forgery on HumanEval/0: a passing report written to fd 3, then exit 0, before any assert runs."
+    forged = ("    return False\nimport posix, json\n"
+              "posix.write(3, json.dumps({'ok': True, 'value': 'x', 'error': None, 'message': ''}).encode())\nposix._exit(0)\n")
+    task = get_task("humaneval")
+    problem = task.load()[0]
+    with Sandbox(workers=1) as box:
+        assert box.run(task.program(problem, forged)).ok  # as a whole program it "ran"; no verdict rests on that
+        judged = task.judge(problem, forged, sandbox=box)
+    assert (judged.correct, judged.error.split(":")[0]) == (False, "ForgedReport")
+
+
 def test_pass_at_k_from_the_cli(cli, tmp_path):
     rows = [json.loads(line) for line in gzip.open(benchmark_file("humaneval"), "rt")][:10]
     lines = []

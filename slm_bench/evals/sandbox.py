@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from .isolation import (OPT_OUT, IsolationUnavailable, bwrap_command, explain_start_failure, find_bwrap,
                         isolation_mode, missing_layers, process_only_command, runtime_view, seccomp_filter,
                         seccomp_supported, worker_settings)
-from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES
+from .sandbox_worker import FRAME_BYTES, HEAVY_MODULES, OBSERVED, SELF_REPORTED
 
 # %% auto #0
 __all__ = ['OPENED', 'SandboxResult', 'Program', 'as_program', 'needs_full_worker', 'WorkerDidNotStart', 'isolation_used',
@@ -35,6 +35,7 @@ class SandboxResult:
     message: str = ""  # the exception message, capped
     duration_s: float = 0.0
     actions: tuple[str, ...] = ()  # with `Program.audit`: the kinds of action it attempted (file, delete, network, process)
+    observed: tuple[str, ...] = ()  # of those, the ones the worker saw itself (`OBSERVED`); the rest are the program's own word
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Program:
     entry: str | None = None
     timeout: float | None = None  # seconds; None: the sandbox default
     audit: bool = False  # record the kinds of action the program attempts (`SandboxResult.actions`)
+    calls: tuple[str, ...] | None = None  # calls of `entry` asked from outside (`evals.checker`); the value lists their answers
 
 
 def as_program(item: Program | str | dict) -> Program:
@@ -244,6 +246,8 @@ def _job(self: Sandbox, program: Program) -> dict:
         job["timeout"] = program.timeout
     if program.audit:
         job["audit"] = True
+    if program.calls is not None:
+        job["calls"] = list(program.calls)
     return job
 
 
@@ -260,7 +264,8 @@ def _replace(self: Sandbox, zygote: _Zygote) -> None:
 
 def _result(answer: dict) -> SandboxResult:
     return SandboxResult(answer["ok"], answer.get("value"), answer.get("stdout", ""), answer.get("error"),
-                         answer.get("message", ""), round(answer.get("duration_s", 0.0), 6), tuple(answer.get("actions", ())))
+                         answer.get("message", ""), round(answer.get("duration_s", 0.0), 6), tuple(answer.get("actions", ())),
+                         tuple(answer.get("observed", ())))
 
 
 def _run_chunk(self: Sandbox, kind: str, programs: list[Program]) -> list[SandboxResult]:
@@ -285,7 +290,7 @@ def _run(self: Sandbox, code: str | Program, entry: str | None = None, timeout: 
     "Run one program (blocking)."
     program = as_program(code)
     if entry is not None or timeout is not None:
-        program = Program(program.code, entry or program.entry, timeout or program.timeout, program.audit)
+        program = Program(program.code, entry or program.entry, timeout or program.timeout, program.audit, program.calls)
     return self._run_chunk("full" if needs_full_worker(program.code) else "light", [program])[0]
 
 

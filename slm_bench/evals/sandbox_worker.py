@@ -14,8 +14,9 @@ import time
 
 # %% auto #0
 __all__ = ['PRELOAD', 'HEAVY_MODULES', 'FRAME_BYTES', 'VALUE_CHARS', 'MESSAGE_CHARS', 'ITEMS', 'DEPTH', 'INT_BITS', 'RESULT_FD',
-           'AUDITED', 'ACTIONS', 'HOSTNAME', 'result_frame', 'parse_frame', 'verdict', 'wipe', 'observe_layers',
-           'program_environment', 'worker_main']
+           'AUDITED', 'ACTIONS', 'CALLS_PER_JOB', 'OBSERVED', 'SELF_REPORTED', 'HOSTNAME', 'NotALiteral',
+           'encode_value', 'decode_value', 'result_frame', 'parse_frame', 'call_entry', 'verdict', 'wipe', 'FileWatch',
+           'processes_started', 'observe_layers', 'program_environment', 'worker_main']
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e4c4ad9
 PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
@@ -57,6 +58,58 @@ def _jsonable(value, depth: int = 0):
         return repr(value)[:VALUE_CHARS]
     except Exception as error:  # a hostile __repr__
         return f"<unprintable {type(value).__name__}: {type(error).__name__}>"
+
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #f996385a
+class NotALiteral(TypeError):
+    "A value that is not a Python literal of the exact built-in types, so it cannot cross the sandbox's wall."
+
+
+def encode_value(value, depth: int = 0):
+    "`value` as JSON with its exact type kept (lists, tuples, dicts, sets, bytes, complex and odd floats tagged); `NotALiteral` otherwise."
+    kind = type(value)  # the exact type: a subclass (with its own __eq__) is not a literal
+    if value is None or kind in (bool, str):
+        return value
+    if kind is int:
+        if value.bit_length() > INT_BITS:
+            raise NotALiteral(f"an int of {value.bit_length()} bits is over the {INT_BITS}-bit cap")
+        return value
+    if kind is float:
+        return value if value == value and abs(value) != float("inf") else {"float": repr(value)}
+    if depth >= DEPTH:
+        raise NotALiteral(f"a value nested deeper than {DEPTH} levels")
+    if kind in (list, tuple, set, frozenset):
+        items = [encode_value(v, depth + 1) for v in value]
+        return {kind.__name__: sorted(items, key=repr) if kind in (set, frozenset) else items}
+    if kind is dict:
+        return {"dict": [[encode_value(k, depth + 1), encode_value(v, depth + 1)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is complex:
+        return {"complex": [encode_value(value.real), encode_value(value.imag)]}
+    raise NotALiteral(f"a {kind.__name__} is not a Python literal")
+
+
+_CONTAINERS = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+def decode_value(data):
+    "The value `encode_value` encoded, rebuilt from built-in types only."
+    if isinstance(data, dict):
+        (tag, inner), = data.items()
+        if tag in _CONTAINERS:
+            return _CONTAINERS[tag](decode_value(v) for v in inner)
+        if tag == "dict":
+            return {decode_value(k): decode_value(v) for k, v in inner}
+        if tag == "float":
+            return float(inner)
+        if tag == "bytes":
+            return bytes.fromhex(inner)
+        if tag == "complex":
+            return complex(*map(decode_value, inner))
+        raise ValueError(f"unknown tag {tag!r}")
+    if isinstance(data, list):
+        raise ValueError("a bare JSON list is not an encoded value (lists are tagged)")
+    return data
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #f4eff019
 def result_frame(result: dict) -> bytes:
@@ -136,9 +189,30 @@ def _watch_actions(attempted: set) -> None:
     sys.addaudithook(hook)
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e000553
+def call_entry(function, encoded_args: str) -> str:
+    """One call asked from outside: `encoded_args` is `encode_value((args, kwargs))` as JSON; the answer is
+    `"returned:" + encode_value(value)` as JSON (at most `VALUE_CHARS`), or `"raised:<exception type>:<message>"`."""
+    try:
+        args, kwargs = decode_value(json.loads(encoded_args))
+        answer = "returned:" + json.dumps(encode_value(function(*args, **kwargs)))
+        if len(answer) > VALUE_CHARS:
+            raise NotALiteral(f"the value is over the {VALUE_CHARS}-character cap of one call")
+        return answer
+    except BaseException as error:  # SystemExit too: the call failed
+        try:
+            message = str(error)
+        except Exception:
+            message = "<the exception's message could not be printed>"
+        return f"raised:{type(error).__name__[:100]}:{message[:200]}"
+
+
+CALLS_PER_JOB = 12  # calls answered by one job: 12 answers at their cap, escaped twice, stay inside one frame
+
+
 def _execute(job: dict) -> dict:
     """Run the program (and its entry function) in a fresh namespace; the report of how it went (with `job["audit"]`,
-    also the kinds of action it attempted)."""
+    also the kinds of action it attempted). With `job["calls"]`, the entry function is called once per call and the
+    value is the list of `call_entry` answers."""
     result = {"ok": False, "value": None, "error": None, "message": ""}
     attempted: set = set()
     if job.get("audit"):
@@ -149,7 +223,9 @@ def _execute(job: dict) -> dict:
         if job.get("entry"):
             if not callable(namespace.get(job["entry"])):
                 raise NameError(f"the program defines no function {job['entry']!r}")
-            result["value"] = _jsonable(namespace[job["entry"]]())
+            function = namespace[job["entry"]]
+            calls = job.get("calls")
+            result["value"] = _jsonable(function()) if calls is None else [call_entry(function, args) for args in calls]
         result["ok"] = True
     except BaseException as error:  # SystemExit and KeyboardInterrupt are program failures too
         result["error"] = type(error).__name__[:100]
@@ -300,12 +376,65 @@ def wipe(path: str, keep_root: bool = False) -> None:
         if folder != path or not keep_root:
             os.rmdir(folder)
 
+# %% ../../nbs/evals/00a_sandbox_worker.ipynb #af991dd5
+OBSERVED = ("file", "process")  # kinds of action the worker sees for itself (processes: inside a pid namespace only)
+SELF_REPORTED = ("delete", "network")  # known only from the program's own report (and reads of files, in "file")
+_IN_CHANGES = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200  # inotify: modify, attrib, moved from/to, create, delete
+_IN_IGNORED = 0x8000  # a watch ended (its folder was removed): not a change
+
+
+class FileWatch:
+    "inotify on folders: whether anything in them was created, changed or deleted since the last `changed()`."
+
+    def __init__(self):
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed: the sandbox cannot watch its folders")
+
+    def watch(self, path: str) -> None:
+        if self._libc.inotify_add_watch(self.fd, os.fsencode(path), _IN_CHANGES) < 0:
+            raise OSError(f"cannot watch {path}")
+
+    def changed(self) -> bool:
+        "Whether a change was seen since the last call (the events are read and dropped)."
+        import struct
+
+        seen = False
+        while True:
+            try:
+                events = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return seen
+            offset = 0
+            while offset < len(events):
+                _, mask, _, length = struct.unpack_from("iIII", events, offset)
+                seen |= not mask & _IN_IGNORED
+                offset += 16 + length
+
+
+def processes_started(child_pid: int) -> bool:
+    "Whether anything besides the child took a pid since it was forked (pids in a pid namespace are handed out in order)."
+    probe = os.fork()
+    if probe == 0:
+        os._exit(0)
+    os.waitpid(probe, 0)
+    return probe != child_pid + 1
+
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #a1c59232
-def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
-    "Fork a child for one job, collect its report within the deadline, kill everything it started, clean its files."
+def _run_job(job: dict, scratch: str, in_namespace: bool, watch: FileWatch) -> dict:
+    """Fork a child for one job, collect its report within the deadline, kill everything it started, clean its files.
+
+    An audited job's answer adds `observed`, the kinds of effect the worker saw itself (`OBSERVED`), and its
+    `actions` are the program's own report joined with them: a forged report cannot hide an observed effect.
+    `watch` watches `scratch` (the job's folder is added here)."""
     start = time.perf_counter()
     folder = os.path.join(scratch, "job")
     os.mkdir(folder, 0o700)
+    watch.watch(folder)
+    watch.changed()  # what happened before the child: making its folder, the last job's cleaning
     output_fd = os.memfd_create("output")
     read_end, write_end = os.pipe()
     sys.stdout.flush()
@@ -323,10 +452,14 @@ def _run_job(job: dict, scratch: str, in_namespace: bool) -> dict:
     finally:
         status = _end_job(pid, in_namespace)
         os.close(read_end)
+    answer = verdict(job, frame, stopped, status)
+    if job.get("audit"):
+        observed = ["file"] * watch.changed() + ["process"] * (in_namespace and processes_started(pid))
+        answer.update(observed=observed, actions=sorted(set(answer.get("actions", [])) | set(observed)))
     output = os.pread(output_fd, job["output_bytes"], 0).decode("utf-8", "replace")
     os.close(output_fd)
     wipe(scratch, keep_root=True) if in_namespace else wipe(folder)
-    return {**verdict(job, frame, stopped, status), "stdout": output, "duration_s": time.perf_counter() - start}
+    return {**answer, "stdout": output, "duration_s": time.perf_counter() - start}
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #b83ad77b
 HOSTNAME = "slm-sandbox"  # the worker's host name in its own uts namespace
@@ -459,12 +592,14 @@ def worker_main(kind: str = "full", settings: str = "{}") -> None:
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace of the worker, even by the same user
     scratch = "/tmp" if in_namespace else tempfile.mkdtemp(prefix="slm-sandbox-")
     program_environment(os.path.join(scratch, "job"))
+    watch = FileWatch()
+    watch.watch(scratch)
     _send(protocol, {"ready": True, "isolation": observe_layers(settings, in_namespace)})
     gc.freeze()  # keep the warm heap shared with forked children
     try:
         for line in jobs:
             job = json.loads(line)
-            _send(protocol, {"id": job["id"], **_run_job(job, scratch, in_namespace)})
+            _send(protocol, {"id": job["id"], **_run_job(job, scratch, in_namespace, watch)})
     finally:
         if not in_namespace:
             wipe(scratch)

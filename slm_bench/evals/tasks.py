@@ -415,8 +415,14 @@ class HumanEval(Task):
         return problem.question
 
     def program(self, problem: Problem, completion: str) -> str:
+        "What runs in the sandbox: the prompt and the completion (the test runs outside, `evals.checker`)."
+        return f"{problem.row['prompt']}{completion}\n"
+
+    def check_case(self, problem: Problem, completion: str):
+        from slm_bench.evals.checker import CheckCase
+
         row = problem.row
-        return f"{row['prompt']}{completion}\n\n{row['test']}\n\ncheck({row['entry_point']})\n"
+        return CheckCase(row["prompt"], row["test"], row["entry_point"], self.program(problem, completion))
 
     def extract(self, completion: str) -> str | None:
         return completion
@@ -425,20 +431,21 @@ class HumanEval(Task):
         return self.judge_many([problem], [completion], sandbox)[0]
 
     def judge_many(self, problems, completions, sandbox=None, progress: bool = False) -> list[Judgement]:
-        from slm_bench.evals.sandbox import Program
+        "The dataset's check runs here and the completion in the sandbox (`evals.checker.judge_outside`)."
+        from slm_bench.evals.checker import judge_outside
 
-        programs = [self.program(p, c) for p, c in zip(problems, completions)]
+        cases = [self.check_case(p, c) for p, c in zip(problems, completions)]
         compiles = []
-        for code in programs:
+        for case in cases:
             try:
-                compile(code, "<humaneval>", "exec")
+                compile(case.program, "<humaneval>", "exec")
                 compiles.append(True)
             except (SyntaxError, ValueError):
                 compiles.append(False)
         with _sandbox_or(sandbox) as box:
-            results = box.run_batch([Program(code) for code in programs], progress=progress)
-        return [Judgement(r.ok, "compiles" if ok else None, None if r.ok else f"{r.error}: {r.message}"[:300])
-                for r, ok in zip(results, compiles)]
+            outcomes = judge_outside(cases, box, progress=progress)
+        return [Judgement(o.passed, "compiles" if ok else None, None if o.passed else f"{o.error}: {o.message}"[:300])
+                for o, ok in zip(outcomes, compiles)]
 
 # %% ../../nbs/evals/02_tasks.ipynb #b4eab538
 class SVAMP(GSM8K):
