@@ -16,7 +16,7 @@ import time
 __all__ = ['PRELOAD', 'HEAVY_MODULES', 'FRAME_BYTES', 'VALUE_CHARS', 'MESSAGE_CHARS', 'ITEMS', 'DEPTH', 'INT_BITS', 'RESULT_FD',
            'AUDITED', 'ACTIONS', 'CALLS_PER_JOB', 'OBSERVED', 'SELF_REPORTED', 'HOSTNAME', 'NotALiteral',
            'encode_value', 'decode_value', 'result_frame', 'parse_frame', 'call_entry', 'verdict', 'wipe', 'FileWatch',
-           'processes_started', 'observe_layers', 'program_environment', 'worker_main']
+           'files_left', 'processes_started', 'observe_layers', 'program_environment', 'worker_main']
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e4c4ad9
 PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
@@ -384,24 +384,27 @@ _IN_IGNORED = 0x8000  # a watch ended (its folder was removed): not a change
 
 
 class FileWatch:
-    "inotify on folders: whether anything in them was created, changed or deleted since the last `changed()`."
+    """inotify on folders: whether anything in them was created, changed or deleted since the last `changed()`.
 
-    def __init__(self):
+    Without inotify (`enabled=False`, or the user's `fs.inotify.max_user_instances` spent, 128 by default: a pool of
+    many workers can reach it) it sees nothing, and `_run_job` falls back on the files a job left behind."""
+
+    def __init__(self, enabled: bool = True):
         import ctypes
 
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1 failed: the sandbox cannot watch its folders")
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC) if enabled else -1
 
     def watch(self, path: str) -> None:
-        if self._libc.inotify_add_watch(self.fd, os.fsencode(path), _IN_CHANGES) < 0:
-            raise OSError(f"cannot watch {path}")
+        if self.fd >= 0:
+            self._libc.inotify_add_watch(self.fd, os.fsencode(path), _IN_CHANGES)
 
     def changed(self) -> bool:
         "Whether a change was seen since the last call (the events are read and dropped)."
         import struct
 
+        if self.fd < 0:
+            return False
         seen = False
         while True:
             try:
@@ -413,6 +416,11 @@ class FileWatch:
                 _, mask, _, length = struct.unpack_from("iIII", events, offset)
                 seen |= not mask & _IN_IGNORED
                 offset += 16 + length
+
+
+def files_left(scratch: str, folder: str) -> bool:
+    "Whether a job left anything in its folder or, beside its folder, in the scratch space."
+    return bool(os.listdir(folder)) or bool(set(os.listdir(scratch)) - {os.path.basename(folder)})
 
 
 def processes_started(child_pid: int) -> bool:
@@ -454,7 +462,8 @@ def _run_job(job: dict, scratch: str, in_namespace: bool, watch: FileWatch) -> d
         os.close(read_end)
     answer = verdict(job, frame, stopped, status)
     if job.get("audit"):
-        observed = ["file"] * watch.changed() + ["process"] * (in_namespace and processes_started(pid))
+        changed = watch.changed() or files_left(scratch, folder)
+        observed = ["file"] * changed + ["process"] * (in_namespace and processes_started(pid))
         answer.update(observed=observed, actions=sorted(set(answer.get("actions", [])) | set(observed)))
     output = os.pread(output_fd, job["output_bytes"], 0).decode("utf-8", "replace")
     os.close(output_fd)
