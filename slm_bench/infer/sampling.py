@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 import torch
 
 from ..core.errors import BadInput
-from ..pipeline.schedule import follow_thread_budget
+from ..core.threads import follow_thread_budget
 from ..lm.packing import left_pad
 
 # %% auto #0

@@ -281,7 +281,7 @@ def kernel_environment(threads_file: Path | None = None, threads: int | None = N
     from jupyter_client.manager import AsyncKernelManager
     from traitlets.config import Config
 
-    from slm_bench.pipeline.schedule import THREADS_FILE_ENV
+    from slm_bench.core.threads import THREADS_FILE_ENV
 
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     env.setdefault("PYTHONHASHSEED", "0")

@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.threads import THREADS_FILE_ENV, follow_thread_budget, write_thread_budget
+
 # %% auto #0
-__all__ = ['THREADS_FILE_ENV', 'available_cores', 'dependents', 'chain_length', 'start_order', 'next_starts', 'share_cores',
-           'follow_thread_budget', 'write_thread_budget', 'CoreShare']
+__all__ = ['available_cores', 'dependents', 'chain_length', 'start_order', 'next_starts', 'share_cores', 'CoreShare']
 
 # %% ../../nbs/pipeline/08_schedule.ipynb #cb6243e1
 def available_cores() -> int:
@@ -69,37 +70,6 @@ def share_cores(running: Sequence[str], cores: int) -> dict[str, int]:
         return {}
     each, extra = divmod(cores, len(running))
     return {name: max(1, each + (i < extra)) for i, name in enumerate(running)}
-
-# %% ../../nbs/pipeline/08_schedule.ipynb #8ca17fb6
-THREADS_FILE_ENV = "SLM_BENCH_THREADS_FILE"
-_last_seen: dict[str, tuple[int, int]] = {}  # threads file -> (its mtime, the count read from it)
-
-
-def follow_thread_budget() -> int | None:
-    "Apply the thread count the runner last wrote for this kernel (`SLM_BENCH_THREADS_FILE`); returns it, None outside the runner."
-    path = os.environ.get(THREADS_FILE_ENV)
-    if not path:
-        return None
-    try:
-        stamp = os.stat(path).st_mtime_ns
-        if path in _last_seen and _last_seen[path][0] == stamp:
-            return _last_seen[path][1]
-        threads = int(Path(path).read_text().strip())
-    except (OSError, ValueError):  # between the runner's write and rename, or gone after the run: keep the current count
-        return None
-    import torch
-
-    if threads >= 1 and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    _last_seen[path] = (stamp, threads)
-    return threads
-
-
-def write_thread_budget(path: Path | str, threads: int) -> None:
-    "The runner's side: tell the kernel reading `path` to use `threads` threads (atomically, so it never reads half a number)."
-    from slm_bench.core.store import atomic_write_text
-
-    atomic_write_text(Path(path), f"{threads}\n")
 
 # %% ../../nbs/pipeline/08_schedule.ipynb #3b8d627c
 @dataclass

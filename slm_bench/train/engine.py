@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import BadInput
-from ..pipeline.schedule import follow_thread_budget
+from ..core.threads import follow_thread_budget
 from ..lm.attention import attention_within_segments, packed_segments
 from ..lm.packing import IGNORE
 from ..core.store import atomic_write_json, read_json, read_jsonl

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.errors import BadInput
-from ..pipeline.schedule import follow_thread_budget
+from ..core.threads import follow_thread_budget
 
 # %% auto #0
 __all__ = ['PPOConfig', 'whiten', 'masked_whiten', 'token_rewards', 'gae_reference', 'gae_advantages', 'clipped_policy_loss',
