@@ -154,7 +154,7 @@ def test_every_workflow_through_a_real_server(served, wide_checkpoint):
 
     from slm_bench.infer.http import HTTPSampler
     from slm_bench.infer.sampling import SamplingParams
-    from slm_bench.methods.orca_strategies import read_answers
+    from slm_bench.evals.answers import read_answers
 
     sampler = HTTPSampler(served, "tiny", tokenizer=AutoTokenizer.from_pretrained(wide_checkpoint), max_context=1024, retries=1, backoff=0.05)
     teacher = ChatTeacher(sampler, max_new_tokens=12)

@@ -5,7 +5,7 @@ from slm_bench.data.synth import ProceduralTeacher
 from slm_bench.data.workflows import (CodeInstructionWriter, Critique, CritiqueReviser, ResampleReviser, RuleCritic, self_revise)
 from slm_bench.evals.findings import verdict_of
 from slm_bench.evals.metrics import paired_difference_ci
-from slm_bench.methods.orca_strategies import read_answers
+from slm_bench.evals.answers import read_answers
 
 PROBLEMS = ProceduralTeacher(error_rate=0.0, irrelevant_rate=0.0).generate(30, seed=11)
 

@@ -219,7 +219,7 @@ def model_answers(sampler, questions: Sequence[str], n: int, temperature: float 
                   max_new_tokens: int = 160) -> tuple[list[list], list[list[str]]]:
     "n TinyGSM programs per question from a local model (token-id prompts), each run in the sandbox: (answers, programs)."
     from slm_bench.evals.tasks import Problem, tinygsm_prompt
-    from slm_bench.methods.orca_strategies import read_answers
+    from slm_bench.evals.answers import read_answers
     from slm_bench.methods.tinygsm import sample_solutions
 
     problems = [Problem(str(i), i, q, None) for i, q in enumerate(questions)]
@@ -231,7 +231,7 @@ def model_answers(sampler, questions: Sequence[str], n: int, temperature: float 
 
 def teacher_answers(teacher: ChatTeacher, questions: Sequence[str], n: int, sandbox=None, seed: int = 0) -> tuple[list[list], list[list[str]]]:
     "n replies per question from any Sampler through `answer@1`; each reply's program is run (else its `#### n` read): (answers, replies)."
-    from slm_bench.methods.orca_strategies import read_answers
+    from slm_bench.evals.answers import read_answers
 
     replies = teacher.ask("answer@1", [{"question": q} for q in questions], n=n, seed=seed)
     flat = read_answers([r for g in replies for r in g], sandbox)
@@ -384,7 +384,7 @@ class ChatRewriter:
     harder_versions: int = 1
 
     def rewrite(self, problems: Sequence[SynthProblem], sandbox=None, seed: int = 0) -> tuple[list[dict], ParseReport]:
-        from slm_bench.methods.orca_strategies import read_answers
+        from slm_bench.evals.answers import read_answers
 
         report, records = ParseReport(), []
         replies = self.teacher.ask("rewrite@1", [{"program": p.program, "variants": self.variants, "harder": self.harder_versions}
@@ -426,7 +426,7 @@ class RuleCritic:
 
     def critique(self, items: Sequence[dict]) -> list[Critique]:
         "items: `{question, draft, ...}`; any other key (a reference answer, the problem) is never read."
-        from slm_bench.methods.orca_strategies import read_answers
+        from slm_bench.evals.answers import read_answers
 
         answers = read_answers([i["draft"] for i in items], self.sandbox)
         out = []
@@ -484,7 +484,7 @@ class CritiqueReviser:
         return self.draw([i["question"] for i in items], self.candidates, self.seed * 1_000 + round_) if items else []
 
     def revise(self, items: Sequence[dict], critiques: Sequence[Critique], round_: int = 0) -> list[str]:
-        from slm_bench.methods.orca_strategies import read_answers
+        from slm_bench.evals.answers import read_answers
 
         groups = self._draws(items, round_)
         flat = read_answers([p for g in groups for p in g], self.sandbox)
@@ -602,7 +602,7 @@ class ChatInstructionWriter:
 def reversal_gate(originals: Sequence[str], regenerated: Sequence[str | None], sandbox=None) -> list[dict]:
     "Run each original program and its regeneration: `{original_value, regenerated_value, kept}`; kept when both return the same number."
     from slm_bench.evals.tasks import numbers_equal
-    from slm_bench.methods.orca_strategies import read_answers
+    from slm_bench.evals.answers import read_answers
 
     values = read_answers(list(originals) + [r or "" for r in regenerated], sandbox)
     before, after = values[:len(originals)], values[len(originals):]

@@ -189,7 +189,7 @@ class RuleJudge:
 
     def _correct(self, items) -> list[bool | None]:
         from slm_bench.evals.tasks import numbers_equal
-        from slm_bench.methods.orca_strategies import read_answers
+        from slm_bench.evals.answers import read_answers
 
         answers = read_answers([i.answer for i in items], self.sandbox)
         return [None if a is None else numbers_equal(a, i.gold) for a, i in zip(answers, items)]

@@ -5,6 +5,8 @@
 # %% ../../nbs/infer/06_decode_kernel.ipynb #b4cf3710
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -18,7 +20,7 @@ import torch
 
 # %% auto #0
 __all__ = ['KERNEL_SOURCES', 'KERNEL_FLAGS', 'KERNEL_LDFLAGS', 'decode_attention_reference', 'time_major', 'row_major',
-           'kernel_build_dir', 'decode_ops', 'decode_attention_op', 'decode_kernel_problem']
+           'kernel_build_dir', 'build_lock', 'decode_ops', 'decode_attention_op', 'decode_kernel_problem']
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #1e817a09
 def decode_attention_reference(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, keep: torch.Tensor,
@@ -70,12 +72,23 @@ def _cpu_features() -> str:
 
 def kernel_build_dir() -> Path:
     "Where this machine's build of the kernels is cached: `$SLM_BENCH_KERNEL_DIR` or ~/.cache/slm_bench/kernels, then a key."
-    key = hashlib.sha256("\n".join([*(source.read_text() for source in KERNEL_SOURCES), *KERNEL_FLAGS, *KERNEL_LDFLAGS, torch.__version__,
-                                    _cpu_features()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([*(source.read_text() for source in KERNEL_SOURCES), *map(str, KERNEL_SOURCES), *KERNEL_FLAGS,
+                                    *KERNEL_LDFLAGS, torch.__version__, _cpu_features()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("SLM_BENCH_KERNEL_DIR") or Path.home() / ".cache" / "slm_bench" / "kernels")
     return root / f"decode_kernels_{key}"
 
 # %% ../../nbs/infer/06_decode_kernel.ipynb #0e3cd590
+@contextlib.contextmanager
+def build_lock(build_dir: Path):
+    """Hold the build folder alone while the kernel builds or loads (an `flock`, which the kernel releases when its
+    holder dies). torch's own lock is a file that a killed build leaves behind, and every later process would wait
+    for it forever; holding the flock, any such file is a dead builder's, so it is removed."""
+    with open(build_dir / "slm_bench.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)  # torch.utils.file_baton's file
+        yield
+
+
 @functools.cache
 def _build() -> tuple[object | None, str | None]:
     "Build (or load the cached build of) the kernel once per process: (the op, None) or (None, why not)."
@@ -85,9 +98,10 @@ def _build() -> tuple[object | None, str | None]:
         if shutil.which("ninja") is None and (venv_bin / "ninja").exists():  # pip's ninja, in a venv that is not activated
             os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
         build_dir = kernel_build_dir()
-        build_dir.mkdir(parents=True, exist_ok=True)  # torch's loader locks it: a second process waits for the first's build
-        load(name=f"slm_bench_{build_dir.name}", sources=[str(source) for source in KERNEL_SOURCES], extra_cflags=list(KERNEL_FLAGS),
-             extra_ldflags=list(KERNEL_LDFLAGS), build_directory=str(build_dir), is_python_module=False, verbose=False)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with build_lock(build_dir):  # a second process waits for the first's build, never for a dead one's
+            load(name=f"slm_bench_{build_dir.name}", sources=[str(source) for source in KERNEL_SOURCES], extra_cflags=list(KERNEL_FLAGS),
+                 extra_ldflags=list(KERNEL_LDFLAGS), build_directory=str(build_dir), is_python_module=False, verbose=False)
         return torch.ops.slm_bench, None
     except Exception as error:  # no compiler, no ninja, an unsupported platform: the eager path still works
         return None, f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else error!r}"

@@ -14,13 +14,13 @@ from typing import Callable, Sequence
 
 from ..core.errors import BadInput
 from ..data.synth import Step, SynthProblem, _corrupt, _number, _substitute, _value
+from ..evals.answers import judge_answers, read_answers, text_answer
 from ..evals.tasks import TINYGSM_ENTRY, Judgement, numbers_equal, parse_number
 
 # %% auto #0
 __all__ = ['STRATEGIES', 'CAUTIOUS_SYSTEM', 'STRONG_TEACHER', 'WEAK_TEACHER', 'problem_steps', 'write_direct', 'write_program',
            'write_cot', 'write_recall', 'write_explain', 'write_guess', 'Strategy', 'get_strategy', 'StrategyTeacher',
-           'teacher_record', 'llm_teacher_records', 'text_answer', 'read_answers', 'judge_answers',
-           'check_teacher_records', 'problem_givens', 'strategy_of']
+           'teacher_record', 'llm_teacher_records', 'check_teacher_records', 'problem_givens', 'strategy_of']
 
 # %% ../../nbs/methods/13_orca_strategies.ipynb #3be05439
 _ASSIGNMENT = re.compile(r"^    ([a-z_][a-z_0-9]*) = (.+)$")
@@ -254,45 +254,6 @@ def llm_teacher_records(sampler, problems: Sequence[SynthProblem], strategies: S
             dropped.append({"id": f"{problem.id}/{strategy.name}", "strategy": strategy.name, "answer": text,
                             "why": f"not in the {strategy.name!r} format"})
     return records, dropped
-
-# %% ../../nbs/methods/13_orca_strategies.ipynb #1f479d9e
-_ANCHORED = re.compile(r"(?:####|final answer\s*:?|so,? the answer is)\s*\$?\s*(-?[\d,]*\.?\d+(?:/\d+)?)", re.I)
-_PROGRAM = re.compile(rf"def {TINYGSM_ENTRY}\(.*", re.S)
-
-
-def text_answer(text: str) -> Fraction | None:
-    "The number after the last answer anchor, or None (not Format-OK)."
-    found = _ANCHORED.findall(text)
-    return parse_number(found[-1]) if found else None
-
-
-def read_answers(texts: Sequence[str], sandbox=None) -> list:
-    "Each response's answer: a program's return value (run in the sandbox), else the anchored number; None where neither."
-    from slm_bench.evals.sandbox import Program
-    from slm_bench.evals.tasks import _sandbox_or
-
-    answers: list = [None] * len(texts)
-    programs = {}
-    for i, text in enumerate(texts):
-        code = _PROGRAM.search(text)
-        if code:
-            programs[i] = Program(code.group(0), TINYGSM_ENTRY)
-        else:
-            answers[i] = text_answer(text)
-    if programs:
-        with _sandbox_or(sandbox) as box:
-            for i, result in zip(programs, box.run_batch(list(programs.values()))):
-                value = result.value if result.ok and not isinstance(result.value, (str, bool)) else None
-                answers[i] = parse_number(value) if value is not None else None
-    return answers
-
-
-def judge_answers(golds: Sequence, texts: Sequence[str], sandbox=None) -> list[Judgement]:
-    "The verdict on each response against its gold answer (extracted None: not Format-OK)."
-    if len(golds) != len(texts):
-        raise BadInput(f"{len(texts)} responses for {len(golds)} gold answers: give one gold answer per response")
-    return [Judgement(False, None, "no answer found") if a is None else Judgement(numbers_equal(a, g), a)
-            for g, a in zip(golds, read_answers(texts, sandbox))]
 
 # %% ../../nbs/methods/13_orca_strategies.ipynb #cb45e0be
 def check_teacher_records(records: Sequence[dict], sandbox=None) -> tuple[list[dict], list[dict]]:
