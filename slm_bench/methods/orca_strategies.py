@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 from ..core.errors import BadInput
 from ..data.synth import Step, SynthProblem, _corrupt, _number, _substitute, _value
-from ..evals.answers import judge_answers, read_answers, text_answer
-from ..evals.tasks import TINYGSM_ENTRY, Judgement, numbers_equal, parse_number
+from ..evals.answers import judge_answers, read_answers, text_answer  # read_answers, text_answer: re-exported
+from ..evals.tasks import TINYGSM_ENTRY
 
 # %% auto #0
 __all__ = ['STRATEGIES', 'CAUTIOUS_SYSTEM', 'STRONG_TEACHER', 'WEAK_TEACHER', 'problem_steps', 'write_direct', 'write_program',
