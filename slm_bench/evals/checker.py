@@ -10,7 +10,7 @@ import json
 import random
 from dataclasses import dataclass
 from .sandbox import Program, Sandbox
-from .sandbox_worker import CALLS_PER_JOB, NotALiteral, decode_value, encode_value
+from .sandbox_worker import CALLS_PER_JOB, NotALiteral, decode_value, encode_value, error_message
 
 # %% auto #0
 __all__ = ['PENDING', 'MAX_CALLS', 'MAX_PASSES', 'CheckCase', 'CheckOutcome', 'CandidateRaised', 'ForgedReport', 'answer_value',
@@ -183,11 +183,7 @@ def run_check(case: CheckCase, answers: dict[str, str]) -> tuple[CheckOutcome | 
     if error is None:
         return CheckOutcome(True, calls=len(candidate.made)), []
     name = error.name if isinstance(error, CandidateRaised) else type(error).__name__
-    try:
-        message = str(error)[:300]
-    except Exception:
-        message = "<the message could not be printed>"
-    return CheckOutcome(False, name, message, calls=len(candidate.made)), []
+    return CheckOutcome(False, name, error_message(error, 300), calls=len(candidate.made)), []
 
 # %% ../../nbs/evals/00c_checker.ipynb #d2c9f12a
 MAX_PASSES = 8  # ours: a check whose calls depend on earlier answers seven deep still ends

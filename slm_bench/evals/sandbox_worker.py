@@ -15,8 +15,9 @@ import time
 # %% auto #0
 __all__ = ['PRELOAD', 'HEAVY_MODULES', 'FRAME_BYTES', 'VALUE_CHARS', 'MESSAGE_CHARS', 'ITEMS', 'DEPTH', 'INT_BITS', 'RESULT_FD',
            'AUDITED', 'ACTIONS', 'CALLS_PER_JOB', 'OBSERVED', 'SELF_REPORTED', 'HOSTNAME', 'NotALiteral',
-           'encode_value', 'decode_value', 'result_frame', 'parse_frame', 'call_entry', 'verdict', 'wipe', 'FileWatch',
-           'files_left', 'processes_started', 'observe_layers', 'program_environment', 'worker_main']
+           'encode_value', 'decode_value', 'result_frame', 'parse_frame', 'error_message', 'call_entry', 'verdict',
+           'wipe', 'FileWatch', 'files_left', 'processes_started', 'observe_layers', 'program_environment',
+           'worker_main']
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e4c4ad9
 PRELOAD = ("math", "cmath", "sympy", "fractions", "decimal", "numbers", "itertools", "functools", "operator", "collections",
@@ -189,6 +190,14 @@ def _watch_actions(attempted: set) -> None:
     sys.addaudithook(hook)
 
 # %% ../../nbs/evals/00a_sandbox_worker.ipynb #0e000553
+def error_message(error: BaseException, cap: int = MESSAGE_CHARS) -> str:
+    "An exception's message, capped; a placeholder when its `__str__` itself fails (a hostile exception)."
+    try:
+        return str(error)[:cap]
+    except Exception:
+        return "<the exception's message could not be printed>"
+
+
 def call_entry(function, encoded_args: str) -> str:
     """One call asked from outside: `encoded_args` is `encode_value((args, kwargs))` as JSON; the answer is
     `"returned:" + encode_value(value)` as JSON (at most `VALUE_CHARS`), or `"raised:<exception type>:<message>"`."""
@@ -199,11 +208,7 @@ def call_entry(function, encoded_args: str) -> str:
             raise NotALiteral(f"the value is over the {VALUE_CHARS}-character cap of one call")
         return answer
     except BaseException as error:  # SystemExit too: the call failed
-        try:
-            message = str(error)
-        except Exception:
-            message = "<the exception's message could not be printed>"
-        return f"raised:{type(error).__name__[:100]}:{message[:200]}"
+        return f"raised:{type(error).__name__[:100]}:{error_message(error, 200)}"
 
 
 CALLS_PER_JOB = 12  # calls answered by one job: 12 answers at their cap, escaped twice, stay inside one frame
@@ -229,10 +234,7 @@ def _execute(job: dict) -> dict:
         result["ok"] = True
     except BaseException as error:  # SystemExit and KeyboardInterrupt are program failures too
         result["error"] = type(error).__name__[:100]
-        try:
-            result["message"] = str(error)[:MESSAGE_CHARS]
-        except Exception:
-            result["message"] = "<the exception's message could not be printed>"
+        result["message"] = error_message(error)
     if job.get("audit"):
         result["actions"] = sorted(attempted)
     return result
